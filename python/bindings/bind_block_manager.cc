@@ -1,0 +1,227 @@
+// Python binding of specd::BlockManager (exports only; the rules are in block_manager.h).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "errors.h"
+#include "numpy_util.h"
+#include "specd/block_manager.h"
+
+namespace py = pybind11;
+
+namespace specd::py_bind {
+namespace {
+
+using ModelArg = std::variant<int32_t, std::string>;
+
+// A reservation as Python sees it: numpy arrays that own their memory.
+struct PyReservation {
+  py::array_t<int64_t> slots;   // [n] int64
+  py::array_t<int32_t> copies;  // [num_copies, 4] int32 rows (model, src_page, dst_page, num_tokens)
+};
+
+PyReservation to_python(Reservation&& r) {
+  std::vector<int32_t> flat;
+  flat.reserve(r.copies.size() * 4);
+  for (const PageCopy& c : r.copies) flat.insert(flat.end(), {c.model, c.src_page, c.dst_page, c.num_tokens});
+  const auto rows = static_cast<py::ssize_t>(r.copies.size());
+  return PyReservation{to_numpy(std::move(r.slots)), to_numpy(std::move(flat), {rows, 4})};
+}
+
+class PyBlockManager {
+ public:
+  PyBlockManager(int64_t page_bytes, int32_t num_pages,
+                 const std::vector<std::pair<std::string, int64_t>>& models, int32_t block_align) {
+    BlockManagerConfig config;
+    config.page_bytes = page_bytes;
+    config.num_pages = num_pages;
+    config.block_align = block_align;
+    for (const auto& [name, bytes] : models) config.models.push_back(ModelKvSpec{name, bytes});
+    check(BlockManager::create(config, &bm_));
+  }
+
+  BlockManager& get() { return *bm_; }
+  const BlockManager& get() const { return *bm_; }
+
+  ModelIndex model(const ModelArg& arg) const {
+    if (const auto* index = std::get_if<int32_t>(&arg)) {
+      if (*index < 0 || *index >= bm_->num_models())
+        raise_status(error_status(StatusCode::kInvalidArgument, "model index ", *index,
+                                  " out of range [0, ", bm_->num_models(), ")"));
+      return *index;
+    }
+    const std::string& name = std::get<std::string>(arg);
+    const ModelIndex m = bm_->model_index(name);
+    if (m < 0) raise_status(error_status(StatusCode::kInvalidArgument, "unknown model '", name,
+                                         "' (models: ", model_names_text(), ")"));
+    return m;
+  }
+
+  std::vector<std::string> model_names() const {
+    std::vector<std::string> names;
+    for (ModelIndex m = 0; m < bm_->num_models(); ++m) names.push_back(bm_->model(m).name);
+    return names;
+  }
+
+ private:
+  std::string model_names_text() const {
+    std::string text;
+    for (const std::string& n : model_names()) text += (text.empty() ? "" : ", ") + n;
+    return text;
+  }
+
+  std::unique_ptr<BlockManager> bm_;
+};
+
+}  // namespace
+
+void bind_block_manager(py::module_& m) {
+  py::class_<SeqKvInfo>(m, "SeqKvInfo", "Lengths of one sequence for one model.")
+      .def_readonly("committed", &SeqKvInfo::committed, "committed length c")
+      .def_readonly("reserved", &SeqKvInfo::reserved, "reserved lookahead slots r")
+      .def_readonly("num_pages", &SeqKvInfo::num_pages, "pages held: ceil((c + r) / block_size)")
+      .def("__repr__", [](const SeqKvInfo& i) {
+        return "SeqKvInfo(committed=" + std::to_string(i.committed) + ", reserved=" +
+               std::to_string(i.reserved) + ", num_pages=" + std::to_string(i.num_pages) + ")";
+      });
+
+  py::class_<PyReservation>(m, "Reservation", "Slots reserved by reserve / reserve_batch.")
+      .def_readonly("slots", &PyReservation::slots, "int64 [n]: slot of each reserved position")
+      .def_readonly("copies", &PyReservation::copies,
+                    "int32 [num_copies, 4]: copy-on-write copies (model, src_page, dst_page, "
+                    "num_tokens) to perform before writing the slots")
+      .def("__repr__", [](const PyReservation& r) {
+        return "Reservation(" + std::to_string(r.slots.size()) + " slots, " +
+               std::to_string(r.copies.shape(0)) + " copies)";
+      });
+
+  using BM = PyBlockManager;
+  const auto model0 = py::arg("model") = ModelArg(int32_t{0});
+  py::class_<BM>(m, "BlockManager",
+                 "Paged KV-cache allocator with lookahead reservation, commit/rollback and fork "
+                 "with copy-on-write, for one or more models sharing one page pool. See "
+                 "docs/api.md for the rules.")
+      .def(py::init<int64_t, int32_t, const std::vector<std::pair<std::string, int64_t>>&, int32_t>(),
+           py::arg("page_bytes"), py::arg("num_pages"), py::arg("models"),
+           py::arg("block_align") = 1,
+           "models: list of (name, kv_bytes_per_token); the first is the target by convention.")
+      .def_property_readonly("num_models", [](const BM& b) { return b.get().num_models(); })
+      .def_property_readonly("model_names", &BM::model_names)
+      .def_property_readonly("page_bytes", [](const BM& b) { return b.get().page_bytes(); })
+      .def_property_readonly("num_pages", [](const BM& b) { return b.get().num_pages(); })
+      .def_property_readonly("num_free_pages", [](const BM& b) { return b.get().num_free_pages(); })
+      .def_property_readonly("num_used_pages", [](const BM& b) { return b.get().num_used_pages(); })
+      .def_property_readonly("num_sequences", [](const BM& b) { return b.get().num_sequences(); })
+      .def("block_size", [](const BM& b, const ModelArg& mi) { return b.get().block_size(b.model(mi)); },
+           model0, "Tokens per block (page) for the model.")
+      .def("kv_bytes_per_token",
+           [](const BM& b, const ModelArg& mi) { return b.get().model(b.model(mi)).kv_bytes_per_token; },
+           model0)
+      .def("page_refcount",
+           [](const BM& b, int32_t page) {
+             if (page < 0 || page >= b.get().num_pages())
+               raise_status(error_status(StatusCode::kInvalidArgument, "page ", page,
+                                         " out of range [0, ", b.get().num_pages(), ")"));
+             return b.get().page_refcount(page);
+           },
+           py::arg("page"))
+      .def("pages_for_tokens",
+           [](const BM& b, int64_t n, const ModelArg& mi) { return b.get().pages_for_tokens(b.model(mi), n); },
+           py::arg("num_tokens"), model0)
+      .def("can_admit",
+           [](const BM& b, const std::vector<int64_t>& tokens, int64_t headroom) {
+             if (tokens.size() > static_cast<std::size_t>(b.get().num_models()))
+               raise_status(error_status(StatusCode::kInvalidArgument, "can_admit: ", tokens.size(),
+                                         " token counts for ", b.get().num_models(), " models"));
+             return b.get().can_admit(Span<const int64_t>(tokens), headroom);
+           },
+           py::arg("tokens_per_model"), py::arg("headroom_pages") = 0,
+           "Can a new sequence holding tokens_per_model[m] tokens of each model get its pages now?")
+      .def("add_sequence", [](BM& b, SeqId s) { check(b.get().add_sequence(s)); }, py::arg("seq"))
+      .def("free_sequence", [](BM& b, SeqId s) { check(b.get().free_sequence(s)); }, py::arg("seq"))
+      .def("fork", [](BM& b, SeqId p, SeqId c) { check(b.get().fork(p, c)); },
+           py::arg("parent"), py::arg("child"))
+      .def("__contains__", [](const BM& b, SeqId s) { return b.get().contains(s); })
+      .def("info",
+           [](const BM& b, SeqId s, const ModelArg& mi) {
+             SeqKvInfo out;
+             check(b.get().info(s, b.model(mi), &out));
+             return out;
+           },
+           py::arg("seq"), model0)
+      .def("pages",
+           [](const BM& b, SeqId s, const ModelArg& mi) {
+             const std::vector<int32_t>* pages = nullptr;
+             check(b.get().pages(s, b.model(mi), &pages));
+             return to_numpy(std::vector<int32_t>(*pages));  // a snapshot: the table changes
+           },
+           py::arg("seq"), model0, "int32 [num_pages]: the sequence's block table (a copy).")
+      .def("slots",
+           [](const BM& b, SeqId s, int64_t p0, int64_t p1, const ModelArg& mi) {
+             std::vector<int64_t> out;
+             check(b.get().slots(s, b.model(mi), p0, p1, &out));
+             return to_numpy(std::move(out));
+           },
+           py::arg("seq"), py::arg("start"), py::arg("stop"), model0,
+           "int64 [stop - start]: slots of positions [start, stop).")
+      .def("reserve",
+           [](BM& b, SeqId s, int32_t n, const ModelArg& mi) {
+             Reservation r;
+             check(b.get().reserve(s, b.model(mi), n, &r));
+             return to_python(std::move(r));
+           },
+           py::arg("seq"), py::arg("n"), model0)
+      .def("commit", [](BM& b, SeqId s, int32_t a, const ModelArg& mi) { check(b.get().commit(s, b.model(mi), a)); },
+           py::arg("seq"), py::arg("num_accepted"), model0)
+      .def("rollback",
+           [](BM& b, SeqId s, int64_t len, const ModelArg& mi) { check(b.get().rollback(s, b.model(mi), len)); },
+           py::arg("seq"), py::arg("new_len"), model0)
+      .def("reserve_batch",
+           [](BM& b, const InArray<int64_t>& seqs, const InArray<int32_t>& n, const ModelArg& mi) {
+             Reservation r;
+             check(b.get().reserve_batch(b.model(mi), as_span(seqs, "seqs"), as_span(n, "n"), &r));
+             return to_python(std::move(r));
+           },
+           py::arg("seqs"), py::arg("n"), model0)
+      .def("commit_batch",
+           [](BM& b, const InArray<int64_t>& seqs, const InArray<int32_t>& a, const ModelArg& mi) {
+             check(b.get().commit_batch(b.model(mi), as_span(seqs, "seqs"), as_span(a, "num_accepted")));
+           },
+           py::arg("seqs"), py::arg("num_accepted"), model0)
+      .def("block_table_csr",
+           [](const BM& b, const InArray<int64_t>& seqs, const ModelArg& mi) {
+             BlockTableCsr csr;
+             check(b.get().export_csr(b.model(mi), as_span(seqs, "seqs"), &csr));
+             return py::make_tuple(to_numpy(std::move(csr.indptr)), to_numpy(std::move(csr.indices)),
+                                   to_numpy(std::move(csr.last_page_len)));
+           },
+           py::arg("seqs"), model0,
+           "(indptr int32 [n+1], indices int32 [nnz], last_page_len int32 [n]), zero-copy.")
+      .def("block_table_padded",
+           [](const BM& b, const InArray<int64_t>& seqs, const ModelArg& mi, int32_t width, int32_t pad) {
+             std::vector<int32_t> table;
+             int32_t out_width = 0;
+             Span<const SeqId> ids = as_span(seqs, "seqs");
+             check(b.get().export_padded(b.model(mi), ids, width, pad, &table, &out_width));
+             return to_numpy(std::move(table), {static_cast<py::ssize_t>(ids.size()), out_width});
+           },
+           py::arg("seqs"), model0, py::arg("width") = 0, py::arg("pad") = 0,
+           "int32 [n, width] block table, zero-copy; width 0 means the widest sequence.")
+      .def("kv_lens",
+           [](const BM& b, const InArray<int64_t>& seqs, const ModelArg& mi) {
+             std::vector<int32_t> out;
+             check(b.get().export_kv_lens(b.model(mi), as_span(seqs, "seqs"), &out));
+             return to_numpy(std::move(out));
+           },
+           py::arg("seqs"), model0, "int32 [n]: committed + reserved length of each sequence.")
+      .def("check_invariants", [](const BM& b) { check(b.get().check_invariants()); },
+           "Raises InternalError if any internal invariant is broken (O(pages + sequences)).");
+}
+
+}  // namespace specd::py_bind
