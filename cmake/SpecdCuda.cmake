@@ -10,8 +10,20 @@ endif()
 
 set(SPECD_WITH_CUDA OFF)
 if(NOT _specd_cuda_mode STREQUAL "OFF")
-  include(CheckLanguage)
-  check_language(CUDA)
+  # An explicitly given compiler that does not exist: fall back (AUTO) or stop (ON) with a
+  # clear message instead of failing inside enable_language().
+  if(CMAKE_CUDA_COMPILER AND NOT EXISTS "${CMAKE_CUDA_COMPILER}")
+    if(_specd_cuda_mode STREQUAL "ON")
+      message(FATAL_ERROR "SPECD_CUDA=ON but CMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER} does not exist")
+    endif()
+    message(WARNING "CMAKE_CUDA_COMPILER=${CMAKE_CUDA_COMPILER} does not exist; "
+                    "building without CUDA kernels (SPECD_CUDA=AUTO)")
+    unset(CMAKE_CUDA_COMPILER CACHE)
+    set(CMAKE_CUDA_COMPILER "")
+  else()
+    include(CheckLanguage)
+    check_language(CUDA)
+  endif()
   if(CMAKE_CUDA_COMPILER)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
