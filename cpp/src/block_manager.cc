@@ -160,6 +160,7 @@ Status BlockManager::plan_reserve(SeqId id, Sequence* seq, ModelIndex m, int32_t
   plan->seq = seq;
   plan->n = n;
   plan->pages_needed = new_pages + (cow ? 1 : 0);
+  plan->cow_page = cow ? st.pages.back() : -1;
   return Status::Ok();
 }
 
@@ -203,6 +204,23 @@ Status BlockManager::reserve(SeqId seq, ModelIndex m, int32_t n, Reservation* ou
   return Status::Ok();
 }
 
+// Each plan that writes into a shared page counted one copy. When s plans of the batch write
+// into the same page of refcount r, only min(s, r - 1) copies happen: applying them in order,
+// each copy drops the page's refcount, and a writer that finds it at 1 keeps the page.
+int64_t BlockManager::copies_spared_in_batch() {
+  if (cow_pages_.size() < 2) return 0;
+  std::sort(cow_pages_.begin(), cow_pages_.end());
+  int64_t spared = 0;
+  for (std::size_t i = 0; i < cow_pages_.size();) {
+    std::size_t j = i;
+    while (j < cow_pages_.size() && cow_pages_[j] == cow_pages_[i]) ++j;
+    const int64_t writers = static_cast<int64_t>(j - i);
+    spared += std::max<int64_t>(0, writers - (pool_.refcount(cow_pages_[i]) - 1));
+    i = j;
+  }
+  return spared;
+}
+
 Status BlockManager::reserve_batch(ModelIndex m, Span<const SeqId> seqs, Span<const int32_t> n,
                                    Reservation* out) {
   SPECD_RETURN_IF_ERROR(check_model(m));
@@ -212,6 +230,7 @@ Status BlockManager::reserve_batch(ModelIndex m, Span<const SeqId> seqs, Span<co
   const uint64_t mark = ++batch_epoch_;
   std::vector<ReservePlan>& plans = plans_;
   plans.resize(seqs.size());
+  cow_pages_.clear();
   int64_t needed = 0;
   for (std::size_t i = 0; i < seqs.size(); ++i) {
     Sequence* s = nullptr;
@@ -222,7 +241,9 @@ Status BlockManager::reserve_batch(ModelIndex m, Span<const SeqId> seqs, Span<co
     s->batch_mark = mark;
     SPECD_RETURN_IF_ERROR(plan_reserve(seqs[i], s, m, n[i], &plans[i]));
     needed += plans[i].pages_needed;
+    if (plans[i].cow_page >= 0) cow_pages_.push_back(plans[i].cow_page);
   }
+  needed -= copies_spared_in_batch();
   if (needed > num_free_pages()) return out_of_pages("reserve_batch", needed);
   out->slots.clear();
   out->copies.clear();

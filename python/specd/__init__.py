@@ -46,12 +46,5 @@ __all__ = [
     "slot_mapping",
     "built_with_cuda",
     "cuda_available",
-    "SpecdError",
-    "InvalidArgumentError",
-    "UnknownSequenceError",
-    "SequenceExistsError",
-    "OutOfRangeError",
-    "FailedPreconditionError",
-    "OutOfPagesError",
-    "InternalError",
+    *errors.__all__,
 ]

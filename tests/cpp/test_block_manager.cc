@@ -2,6 +2,7 @@
 // boundaries, commit, rollback, fork with copy-on-write, capacity, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 
 #include "block_manager_test_util.h"
@@ -370,6 +371,26 @@ TEST(BlockManagerBatch, AllOrNothing) {
   EXPECT_EQ(info_of(*bm, 1).committed, 0);
   EXPECT_EQ(info_of(*bm, 1).reserved, 3);
   SPECD_EXPECT_CODE(bm->commit_batch(0, std::vector<SeqId>{2, 2}, std::vector<int32_t>{1, 1}), kInvalidArgument);
+  SPECD_ASSERT_OK(bm->check_invariants());
+}
+
+TEST(BlockManagerBatch, SiblingsWritingOneSharedPageNeedOneCopyLess) {
+  auto bm = make_manager(4);
+  SPECD_ASSERT_OK(bm->add_sequence(1));
+  SPECD_ASSERT_OK(grow(*bm, 1, 6));  // pages 0 (full), 1 (2 tokens)
+  SPECD_ASSERT_OK(bm->fork(1, 2));
+  SPECD_ASSERT_OK(bm->fork(1, 3));  // page 1 has 3 sharers; 2 pages are free
+  EXPECT_EQ(bm->num_free_pages(), 2);
+  Reservation r;
+  // All three write into page 1: two copies, the last writer keeps the page. Fits exactly.
+  SPECD_ASSERT_OK(bm->reserve_batch(0, std::vector<SeqId>{1, 2, 3}, std::vector<int32_t>{1, 1, 1}, &r));
+  ASSERT_EQ(r.copies.size(), 2u);
+  EXPECT_EQ(bm->num_free_pages(), 0);
+  EXPECT_EQ(pages_of(*bm, 3)[1], 1);  // the last writer kept the original page
+  EXPECT_EQ(bm->page_refcount(1), 1);
+  std::vector<int64_t> distinct(r.slots);
+  std::sort(distinct.begin(), distinct.end());
+  EXPECT_EQ(std::unique(distinct.begin(), distinct.end()), distinct.end());
   SPECD_ASSERT_OK(bm->check_invariants());
 }
 

@@ -143,8 +143,9 @@ class BlockManager {
   // Batched forms for one engine step (one call instead of one per sequence). All or nothing:
   // every sequence is validated (and, for reserve, the pages of all of them counted) before
   // anything changes. Sequences must be distinct. reserve_batch concatenates the slots in the
-  // order of `seqs`. Its page count may include a copy-on-write page that a sibling's
-  // reservation earlier in the same batch makes unnecessary (conservative, never over-commits).
+  // order of `seqs`; its page count is exact: when s forked siblings in the batch write into
+  // the same shared page of refcount r, min(s, r - 1) copies are made (the last writer keeps
+  // the original page), so a batch is refused only if it truly does not fit.
   Status reserve_batch(ModelIndex m, Span<const SeqId> seqs, Span<const int32_t> n,
                        Reservation* out);
   Status commit_batch(ModelIndex m, Span<const SeqId> seqs, Span<const int32_t> num_accepted);
@@ -183,6 +184,7 @@ class BlockManager {
     Sequence* seq;
     int32_t n;
     int64_t pages_needed;  // new pages + copy-on-write page
+    int32_t cow_page;      // the shared page it would copy, or -1
   };
 
   BlockManager(std::vector<ModelState> models, int64_t page_bytes, int32_t num_pages);
@@ -192,6 +194,7 @@ class BlockManager {
   Status check_model(ModelIndex m) const;
   Status plan_reserve(SeqId id, Sequence* seq, ModelIndex m, int32_t n, ReservePlan* plan) const;
   void apply_reserve(const ReservePlan& plan, ModelIndex m, Reservation* out);
+  int64_t copies_spared_in_batch();
   Status check_commit(SeqId id, const Sequence& seq, ModelIndex m, int32_t num_accepted) const;
   // Sets the sequence's length for model m to `len` (no reservation) and frees surplus pages.
   void truncate(SeqModelState* st, ModelIndex m, int64_t len);
@@ -203,6 +206,7 @@ class BlockManager {
   std::unordered_map<SeqId, Sequence> seqs_;
   uint64_t batch_epoch_ = 0;
   std::vector<ReservePlan> plans_;      // scratch of reserve_batch (no allocation per step)
+  std::vector<int32_t> cow_pages_;      // scratch of reserve_batch
   std::vector<Sequence*> batch_seqs_;   // scratch of commit_batch
 };
 
