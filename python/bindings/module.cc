@@ -10,10 +10,11 @@ namespace py = pybind11;
 namespace specd::py_bind {
 void bind_block_manager(py::module_& m);
 void bind_kv(py::module_& m);
+void bind_spec(py::module_& m);
 }  // namespace specd::py_bind
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "specd C++ core (KV block manager, slot mapping, CUDA kernels when built).";
+  m.doc() = "specd C++ core: KV block manager, token trees, proposers, sampling and verification.";
   m.attr("__version__") = SPECD_VERSION;
 #ifdef SPECD_WITH_CUDA
   m.attr("built_with_cuda") = true;
@@ -26,4 +27,5 @@ PYBIND11_MODULE(_core, m) {
 #endif
   specd::py_bind::bind_block_manager(m);
   specd::py_bind::bind_kv(m);
+  specd::py_bind::bind_spec(m);
 }

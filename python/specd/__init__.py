@@ -1,8 +1,14 @@
 """specd: a speculative-decoding runtime (C++/CUDA core, thin Python layer).
 
-Today the package offers the KV-cache layer: :class:`BlockManager` (paged KV allocator with
-lookahead slots, commit/rollback and copy-on-write fork, for target and draft models in one
-page pool) and :func:`slot_mapping`. See docs/api.md.
+Today the package offers the model-free core of speculation:
+
+- the KV-cache layer: :class:`BlockManager` (paged KV allocator with lookahead slots,
+  commit/rollback and copy-on-write fork, for target and draft models in one page pool) and
+  :func:`slot_mapping`;
+- token trees (:class:`TokenTree`, :class:`DraftTreeBuilder`), the sampling rules
+  (:func:`sampling_probs`) and lossless verification (:func:`verify_greedy`, :func:`verify`).
+
+See docs/api.md.
 """
 
 from __future__ import annotations
@@ -20,6 +26,16 @@ from specd.errors import (
     UnknownSequenceError,
 )
 from specd.kv import BlockManager, Reservation, SeqKvInfo, kv_bytes_per_token, slot_mapping
+from specd.verification import (
+    DraftTreeBuilder,
+    TokenTree,
+    VerifyOutput,
+    philox_uniform,
+    sample,
+    sampling_probs,
+    verify,
+    verify_greedy,
+)
 
 
 def built_with_cuda() -> bool:
@@ -44,6 +60,14 @@ __all__ = [
     "SeqKvInfo",
     "kv_bytes_per_token",
     "slot_mapping",
+    "TokenTree",
+    "DraftTreeBuilder",
+    "VerifyOutput",
+    "sampling_probs",
+    "verify_greedy",
+    "verify",
+    "sample",
+    "philox_uniform",
     "built_with_cuda",
     "cuda_available",
     *errors.__all__,
