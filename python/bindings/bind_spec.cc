@@ -136,6 +136,12 @@ void bind_sampling_and_verify(py::module_& m) {
     return result_tuple(std::move(r));
   }, py::arg("tree"), py::arg("target"));
 
+  m.def("verify_greedy_tokens", [](const TokenTree& tree, const InArray<int32_t>& target_tokens) {
+    VerifyResult r;
+    check(verify_greedy_tokens(tree, as_span(target_tokens, "target_tokens"), &r));
+    return result_tuple(std::move(r));
+  }, py::arg("tree"), py::arg("target_tokens"));
+
   m.def("verify_stochastic", [](const TokenTree& tree, const FloatMatrix& target, const py::object& draft,
                                 const std::string& sampling, uint64_t seed, uint32_t request, uint32_t step,
                                 uint32_t position) {

@@ -11,6 +11,7 @@ namespace specd::py_bind {
 void bind_block_manager(py::module_& m);
 void bind_kv(py::module_& m);
 void bind_spec(py::module_& m);
+void bind_proposers(py::module_& m);
 }  // namespace specd::py_bind
 
 PYBIND11_MODULE(_core, m) {
@@ -28,4 +29,5 @@ PYBIND11_MODULE(_core, m) {
   specd::py_bind::bind_block_manager(m);
   specd::py_bind::bind_kv(m);
   specd::py_bind::bind_spec(m);
+  specd::py_bind::bind_proposers(m);
 }

@@ -5,6 +5,7 @@ Today the package offers the model-free core of speculation:
 - the KV-cache layer: :class:`BlockManager` (paged KV allocator with lookahead slots,
   commit/rollback and copy-on-write fork, for target and draft models in one page pool) and
   :func:`slot_mapping`;
+- model-free proposers (:class:`NgramProposer`, :class:`SuffixProposer`);
 - token trees (:class:`TokenTree`, :class:`DraftTreeBuilder`), the sampling rules
   (:func:`sampling_probs`) and lossless verification (:func:`verify_greedy`, :func:`verify`).
 
@@ -26,6 +27,7 @@ from specd.errors import (
     UnknownSequenceError,
 )
 from specd.kv import BlockManager, Reservation, SeqKvInfo, kv_bytes_per_token, slot_mapping
+from specd.proposers import NgramProposer, Proposals, Proposer, SuffixProposer
 from specd.verification import (
     DraftTreeBuilder,
     TokenTree,
@@ -35,6 +37,7 @@ from specd.verification import (
     sampling_probs,
     verify,
     verify_greedy,
+    verify_greedy_tokens,
 )
 
 
@@ -62,9 +65,14 @@ __all__ = [
     "slot_mapping",
     "TokenTree",
     "DraftTreeBuilder",
+    "Proposer",
+    "NgramProposer",
+    "SuffixProposer",
+    "Proposals",
     "VerifyOutput",
     "sampling_probs",
     "verify_greedy",
+    "verify_greedy_tokens",
     "verify",
     "sample",
     "philox_uniform",

@@ -13,12 +13,12 @@ from typing import Any, NamedTuple, Optional
 import numpy as np
 
 from specd import _core
-from specd._arrays import float32_matrix, like_input
+from specd._arrays import float32_matrix, is_torch_tensor, like_input
 from specd._core import DraftTreeBuilder, TokenTree
 from specd.errors import InvalidArgumentError
 
 __all__ = ["TokenTree", "DraftTreeBuilder", "VerifyOutput", "sampling_probs", "verify_greedy",
-           "verify", "sample", "philox_uniform"]
+           "verify_greedy_tokens", "verify", "sample", "philox_uniform"]
 
 philox_uniform = _core.philox_uniform
 
@@ -63,6 +63,17 @@ def verify_greedy(target: Any, tree: TokenTree) -> VerifyOutput:
     ties); emit the argmax after the last accepted node. ``target``: ``[size, vocab]``
     probabilities or logits."""
     tokens, path, n = _core.verify_greedy(_check_tree(tree), float32_matrix(target, "target"))
+    return VerifyOutput(tokens, path, n)
+
+
+def verify_greedy_tokens(target_tokens: Any, tree: TokenTree) -> VerifyOutput:
+    """Greedy verification from the target's argmax of each node (int ``[size]``, e.g.
+    ``logits.argmax(-1)`` computed on the device): the same result as :func:`verify_greedy`
+    on the full rows, without passing them to the host."""
+    if is_torch_tensor(target_tokens):
+        target_tokens = target_tokens.detach().to("cpu").numpy()
+    tokens, path, n = _core.verify_greedy_tokens(_check_tree(tree),
+                                                 np.ascontiguousarray(target_tokens, dtype=np.int32))
     return VerifyOutput(tokens, path, n)
 
 

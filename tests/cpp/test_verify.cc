@@ -99,6 +99,34 @@ TEST(VerifyGreedy, TreeFollowsTheMatchingSibling) {
   EXPECT_EQ(greedy(t, deep).tokens, (V{2, 4, 0, 4}));
 }
 
+TEST(VerifyGreedy, FromTargetTokensAgreesWithRows) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 500; ++trial) {
+    TokenTree t(0);
+    for (int32_t n = 1; n < 10; ++n) {
+      const int32_t parent = static_cast<int32_t>(rng() % static_cast<unsigned>(t.size()));
+      const int32_t token = static_cast<int32_t>(rng() % 4);
+      if (t.find_child(parent, token) < 0) t.add_node(parent, token);
+    }
+    std::vector<std::vector<float>> rows;
+    std::vector<int32_t> argmaxes;
+    for (int32_t v = 0; v < t.size(); ++v) {
+      std::vector<float> row(5);
+      for (float& x : row) x = static_cast<float>(rng() % 3);  // frequent ties
+      rows.push_back(row);
+      argmaxes.push_back(argmax(row));
+    }
+    VerifyResult from_tokens;
+    SPECD_ASSERT_OK(verify_greedy_tokens(t, argmaxes, &from_tokens));
+    const VerifyResult from_rows = greedy(t, Rows(rows));
+    EXPECT_EQ(from_tokens.tokens, from_rows.tokens);
+    EXPECT_EQ(from_tokens.path, from_rows.path);
+  }
+  VerifyResult r;
+  SPECD_EXPECT_CODE(verify_greedy_tokens(TokenTree::chain(0, V{1}), V{1}, &r), kInvalidArgument);
+  SPECD_EXPECT_CODE(verify_greedy_tokens(TokenTree::chain(0, V{1}), V{-1, 0}, &r), kInvalidArgument);
+}
+
 TEST(VerifyGreedy, RootOnlyTreeEmitsTheArgmax) {
   EXPECT_EQ(greedy(TokenTree(7), Rows({hot(3)})).tokens, (V{3}));
 }

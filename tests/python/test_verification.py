@@ -135,6 +135,18 @@ def test_greedy_worked_examples():
     assert out.tokens.tolist() == [2, 4, 3] and out.path.tolist() == [0, 2, 3]
 
 
+def test_greedy_from_target_tokens_matches_rows():
+    rng = np.random.default_rng(4)
+    tree = specd.TokenTree.from_parents([0, 1, 2, 3, 1], [-1, 0, 0, 1, 3])
+    for _ in range(50):
+        rows = rng.integers(0, 3, size=(len(tree), 4)).astype(np.float32)
+        a = specd.verify_greedy(rows, tree)
+        b = specd.verify_greedy_tokens(torch.from_numpy(rows).argmax(-1), tree)
+        c = specd.verify_greedy_tokens(rows.argmax(-1), tree)
+        assert a.tokens.tolist() == b.tokens.tolist() == c.tokens.tolist()
+        assert a.path.tolist() == c.path.tolist()
+
+
 def test_stochastic_verification_is_reproducible_and_validates():
     p = np.array([0.3, 0.2, 0.2, 0.2, 0.1], dtype=np.float32)
     q = np.array([0.1, 0.1, 0.2, 0.3, 0.3], dtype=np.float32)

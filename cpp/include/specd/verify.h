@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "specd/span.h"
 #include "specd/status.h"
 #include "specd/token_tree.h"
 
@@ -76,6 +77,9 @@ struct RngKey {
 inline constexpr uint32_t kFinalDraw = 0xFFFFFFFFu;
 
 Status verify_greedy(const TokenTree& tree, const ProbRows& target, VerifyResult* out);
+// Greedy verification from the target's argmax per node (target_tokens[v] = argmax of row v,
+// e.g. computed on the device): the same walk, O(nodes visited).
+Status verify_greedy_tokens(const TokenTree& tree, Span<const int32_t> target_tokens, VerifyResult* out);
 
 // `draft` may be null (deterministic proposals); `sampling` is ignored then.
 Status verify_stochastic(const TokenTree& tree, const ProbRows& target, const ProbRows* draft,
