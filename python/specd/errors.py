@@ -45,6 +45,18 @@ class InternalError(SpecdError):
     """A broken internal invariant: a bug in specd. Please report it."""
 
 
+class ModelLoadError(SpecdError):
+    """A model could not be loaded: a missing, unreadable or corrupt file, or a weight missing."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model's architecture, quantization type or configuration is not supported."""
+
+
+class IncompatibleModelsError(SpecdError):
+    """The target and draft models cannot be paired (different vocabularies or tokenizers)."""
+
+
 __all__ = [
     "SpecdError",
     "InvalidArgumentError",
@@ -54,4 +66,7 @@ __all__ = [
     "FailedPreconditionError",
     "OutOfPagesError",
     "InternalError",
+    "ModelLoadError",
+    "UnsupportedModelError",
+    "IncompatibleModelsError",
 ]
