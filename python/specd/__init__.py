@@ -1,6 +1,12 @@
 """specd: a speculative-decoding runtime (C++/CUDA core, thin Python layer).
 
-Today the package offers the model-free core of speculation:
+:class:`LLM` generates text from real models (Hugging Face directories or GGUF files),
+speculatively and losslessly, for many concurrent requests::
+
+    llm = specd.LLM(target="model_dir_or.gguf", draft="draft_dir_or.gguf")
+    outs = llm.generate(["def fib(n):"], specd.SamplingParams(temperature=0.0, max_tokens=64))
+
+Underneath, the model-free core of speculation:
 
 - the KV-cache layer: :class:`BlockManager` (paged KV allocator with lookahead slots,
   commit/rollback and copy-on-write fork, for target and draft models in one page pool) and
@@ -18,15 +24,30 @@ from specd import errors
 from specd._core import __version__
 from specd.errors import (
     FailedPreconditionError,
+    IncompatibleModelsError,
     InternalError,
     InvalidArgumentError,
+    ModelLoadError,
     OutOfPagesError,
     OutOfRangeError,
     SequenceExistsError,
     SpecdError,
     UnknownSequenceError,
+    UnsupportedModelError,
 )
 from specd.kv import BlockManager, Reservation, SeqKvInfo, kv_bytes_per_token, slot_mapping
+from specd.engine import (
+    LLM,
+    NoSpeculation,
+    RequestMetrics,
+    RequestOutput,
+    SamplingParams,
+    SpeculationConfig,
+    SpeculationPolicy,
+    StaticPolicy,
+    StreamChunk,
+)
+from specd.models import LoadedModel, ModelConfig, check_compatible, load_model
 from specd.proposers import NgramProposer, Proposals, Proposer, SuffixProposer
 from specd.verification import (
     DraftTreeBuilder,
@@ -58,6 +79,19 @@ def cuda_available() -> bool:
 __all__ = [
     "__version__",
     "errors",
+    "LLM",
+    "SamplingParams",
+    "SpeculationConfig",
+    "RequestOutput",
+    "RequestMetrics",
+    "StreamChunk",
+    "SpeculationPolicy",
+    "StaticPolicy",
+    "NoSpeculation",
+    "load_model",
+    "LoadedModel",
+    "ModelConfig",
+    "check_compatible",
     "BlockManager",
     "Reservation",
     "SeqKvInfo",

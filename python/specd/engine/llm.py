@@ -1,0 +1,180 @@
+"""The user-facing entry point (vLLM-like):
+
+    llm = specd.LLM(target="path/or/model.gguf", draft="path/or/draft.gguf",
+                    speculation=specd.SpeculationConfig(method="draft", num_speculative_tokens=4))
+    outs = llm.generate(["def fib(n):"], specd.SamplingParams(temperature=0.0, max_tokens=128))
+    for chunk in llm.stream("def fib(n):", params): print(chunk.text, end="")
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+
+from specd.engine.engine import Engine
+from specd.engine.outputs import RequestOutput, StreamChunk
+from specd.engine.params import SamplingParams, SpeculationConfig
+from specd.engine.policy import NoSpeculation, SpeculationPolicy, StaticPolicy
+from specd.engine.request import Detokenizer, Request
+from specd.engine.scheduler import SchedulerConfig
+from specd.errors import InvalidArgumentError
+from specd.kv_cache import KVCachePool, KVModel
+from specd.models.llama import LlamaModel
+from specd.models.loader import LoadedModel, check_compatible, load_model
+
+Prompt = Union[str, Sequence[int]]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise InvalidArgumentError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+
+
+class LLM:
+    """A target model (and optionally a draft model) with a paged KV cache and a speculative
+    continuous-batching engine.
+
+    target, draft: a Hugging Face model directory, a GGUF file, or a LoadedModel.
+    speculation: SpeculationConfig (default: "draft" with k=4 when a draft is given, else none).
+    kv_cache_memory: bytes of the shared KV page pool (target + draft), or num_kv_pages.
+    max_num_seqs / max_num_batched_tokens: continuous-batching limits per step.
+    max_model_len: context limit (prompt + output); default the target's max positions.
+    policy: a SpeculationPolicy deciding k per request and step (default: static k).
+    """
+
+    def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
+                 speculation: Optional[SpeculationConfig] = None, *, dtype="float32", device="cpu",
+                 kv_cache_memory: int = 256 << 20, num_kv_pages: Optional[int] = None, block_size: int = 16,
+                 max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
+                 max_model_len: Optional[int] = None, seed: int = 0,
+                 policy: Optional[SpeculationPolicy] = None):
+        torch_dtype = _dtype(dtype)
+        if speculation is None:
+            speculation = SpeculationConfig(method="draft" if draft is not None else "none")
+        if speculation.method == "draft" and draft is None:
+            raise InvalidArgumentError("speculation method 'draft' needs a draft model (draft=...)")
+        if speculation.method != "draft" and draft is not None:
+            raise InvalidArgumentError(f"a draft model was given but speculation.method is '{speculation.method}'")
+        for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                            ("block_size", block_size)):
+            if not isinstance(value, int) or value < 1:
+                raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
+        t = target if isinstance(target, LoadedModel) else load_model(target, torch_dtype)
+        d = None
+        if draft is not None:
+            d = draft if isinstance(draft, LoadedModel) else load_model(draft, torch_dtype)
+            check_compatible(t, d)
+        self.tokenizer = t.tokenizer
+        self.target = LlamaModel.from_loaded(t, device)
+        self.draft = LlamaModel.from_loaded(d, device) if d is not None else None
+        models = [KVModel("target", t.config, self.target.dtype)]
+        if self.draft is not None:
+            models.append(KVModel("draft", d.config, self.draft.dtype))
+        pages = num_kv_pages or KVCachePool.pages_for_memory(kv_cache_memory, models[0], block_size)
+        self.pool = KVCachePool(models, pages, block_size, device)
+        limit = t.config.max_position_embeddings
+        if max_model_len is not None and not (isinstance(max_model_len, int) and 2 <= max_model_len <= limit):
+            raise InvalidArgumentError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
+        self.max_model_len = max_model_len or limit
+        if policy is None:
+            policy = StaticPolicy(speculation.k) if speculation.k > 0 else NoSpeculation()
+        self.speculation = speculation
+        self.eos_ids = frozenset(t.config.eos_token_ids)
+        self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            uses_draft_kv=self.draft is not None, k_max=speculation.k,
+            nodes_per_k=None if speculation.method == "draft" else speculation.max_tree_nodes))
+        self.seed = seed
+        self._next_id = 0
+
+    # ---- requests ----
+
+    def _tokenize(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidArgumentError("this model has no tokenizer: pass prompts as lists of token ids")
+            return prompt, list(self.tokenizer(prompt)["input_ids"])
+        ids = list(prompt)
+        vocab = self.target.config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise InvalidArgumentError(f"prompt token ids must be ints in [0, {vocab})")
+        return None, ids
+
+    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+        if not isinstance(params, SamplingParams):
+            raise InvalidArgumentError(f"params must be a specd.SamplingParams, got {type(params).__name__}")
+        text, ids = self._tokenize(prompt)
+        if not ids:
+            raise InvalidArgumentError("the prompt is empty (no tokens)")
+        if len(ids) >= self.max_model_len:
+            raise InvalidArgumentError(f"the prompt has {len(ids)} tokens and does not fit the context limit of "
+                                       f"{self.max_model_len} tokens (max_model_len) with room for output")
+        rid = self._next_id
+        self._next_id += 1
+        seeded = params.seed is not None
+        req = Request(rid, text, ids, params, rng_seed=params.seed if seeded else self.seed,
+                      rng_request=0 if seeded else rid, max_len=self.max_model_len, eos_ids=self.eos_ids,
+                      detokenizer=Detokenizer(self.tokenizer, ids) if self.tokenizer is not None else None)
+        self._check_fits(req)
+        return req
+
+    def _check_fits(self, req: Request) -> None:
+        """A request that could not fit the whole pool alone would never finish: refuse it."""
+        tokens = min(req.length + req.params.max_tokens, self.max_model_len) + self.speculation.k + 1
+        pages = sum(self.pool.blocks.pages_for_tokens(tokens, model=m) for m in range(len(self.pool.models)))
+        if pages > self.pool.blocks.num_pages:
+            raise InvalidArgumentError(f"a request of {req.length} prompt tokens and max_tokens "
+                                       f"{req.params.max_tokens} needs {pages} KV pages; the pool has "
+                                       f"{self.pool.blocks.num_pages} (raise kv_cache_memory)")
+
+    def _requests(self, prompts, params) -> list[Request]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidArgumentError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        return [self._make_request(p, sp) for p, sp in zip(prompts, params)]
+
+    # ---- generation ----
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
+                 params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
+        """Generates for every prompt (batched); outputs in the order of the prompts."""
+        requests = self._requests(prompts, params)  # validates everything before starting
+        for req in requests:
+            self.engine.add(req)
+        try:
+            while not all(r.finished for r in requests):
+                self.engine.step()
+        except BaseException:
+            for req in requests:
+                if not req.finished:
+                    self.engine.abort(req)
+            raise
+        return [r.output() for r in requests]
+
+    def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamChunk]:
+        """Generates for one prompt, yielding the new text and tokens after every step."""
+        req = self._requests(prompt, params)[0]
+        self.engine.add(req)
+        try:
+            while True:
+                if not req.finished:
+                    self.engine.step()
+                chars, toks = req.stream_sent
+                if len(req.text) > chars or len(req.output_ids) > toks or req.finished:
+                    req.stream_sent = (len(req.text), len(req.output_ids))
+                    yield StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished,
+                                      req.finish_reason, req.accepted_flags[toks:])
+                if req.finished:
+                    return
+        finally:
+            if not req.finished:
+                self.engine.abort(req)

@@ -1,0 +1,138 @@
+"""Runs the models over a step's work items: one varlen target forward over every item's new
+tokens (prefix chunk, then the root and its draft tree), and the draft model's k-step loop.
+
+Target layout of item i (its new tokens, in the order their K/V slots were reserved):
+    tokens[c : c + num_prefix]                     positions c ...          (causal)
+    tree nodes 0..n-1 (node 0 = the last token)     positions L-1 + depth    (tree mask)
+where c is the target's committed length. Logits are returned for the tree nodes only.
+
+The draft loop (``run_draft``) keeps sampled tokens as tensors: iteration j feeds the tokens
+sampled in iteration j-1 without copying them to the host, so on a GPU the loop has no host
+synchronisation (issue 7 captures it in CUDA graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from specd.engine.request import Request
+from specd.engine.rng import philox_uniform
+from specd.engine.scheduler import DRAFT, TARGET, WorkItem
+from specd.engine.torch_sampling import DRAFT_STREAM, sample_inverse_cdf, sampling_probs
+from specd.kv_cache import KVCachePool
+from specd.models.attention import AttentionMetadata
+from specd.models.llama import LlamaModel
+from specd.verification import TokenTree
+
+
+@dataclass
+class Segment:
+    """One sequence's new tokens in a forward pass."""
+
+    seq: int
+    input_ids: torch.Tensor            # int64 [q]
+    positions: torch.Tensor            # int64 [q]
+    slots: np.ndarray                  # int64 [q]
+    kv_len: int                        # history + q
+    mask: Optional[torch.Tensor]       # bool [q, q], None = causal
+    key_positions: Optional[torch.Tensor] = None  # int64 [kv_len], for sliding windows
+    logits_from: Optional[int] = None  # rows [logits_from, q) need logits; None: none
+
+
+def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment]) -> torch.Tensor:
+    """Runs ``model`` over the segments; returns float32 logits of the rows asked for, in
+    segment order ``[sum of rows, vocab]``."""
+    device = model.device
+    query_start, logits_rows = [0], []
+    for s in segments:
+        if s.logits_from is not None:
+            logits_rows.extend(range(query_start[-1] + s.logits_from, query_start[-1] + len(s.input_ids)))
+        query_start.append(query_start[-1] + len(s.input_ids))
+    tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
+    slots = np.concatenate([s.slots for s in segments])
+    meta = AttentionMetadata(
+        query_start=query_start,
+        kv_lens=[s.kv_len for s in segments],
+        block_tables=torch.from_numpy(tables).to(device=device, dtype=torch.int64),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        positions=torch.cat([s.positions for s in segments]).to(device),
+        masks=[s.mask for s in segments],
+        key_positions=[s.key_positions for s in segments] if model.window else None,
+        has_skipped_slots=bool((slots < 0).any()))
+    input_ids = torch.cat([s.input_ids for s in segments]).to(device)
+    indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
+    return model(input_ids, meta, pool.layers(model_index), indices)
+
+
+def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) -> Segment:
+    req, c, n = item.request, item.request.computed[TARGET], item.num_prefix
+    tokens = req.tokens
+    ids = tokens[c:c + n]
+    positions = list(range(c, c + n))
+    mask, key_positions, logits_from = None, None, None
+    if item.decide:
+        ids = ids + tree.tokens.tolist()
+        last = req.length - 1
+        positions += (last + tree.depths).tolist()
+        logits_from = n
+        if not tree.is_chain:
+            size = len(tree)
+            mask = torch.ones(n + size, n + size, dtype=torch.bool).tril()
+            bits = tree.ancestor_mask()  # [size, words] uint64
+            nodes = torch.arange(size)
+            words = torch.from_numpy(bits.view(np.int64))[:, nodes // 64]
+            mask[n:, n:] = ((words >> (nodes % 64)) & 1).bool()
+            if windowed:
+                key_positions = torch.tensor(list(range(c + n)) + positions[n:], dtype=torch.int64)
+    return Segment(req.id, torch.tensor(ids, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
+                   item.target_slots[:len(ids)], c + len(ids), mask, key_positions, logits_from)
+
+
+def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
+               trees: dict[int, TokenTree]) -> torch.Tensor:
+    windowed = model.window is not None
+    segments = [target_segment(it, trees.get(it.request.id), windowed) for it in items]
+    return forward(model, pool, TARGET, segments)
+
+
+def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem]) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+    """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
+    drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
+    sampled from (row j: the distribution of draft j+1); None for greedy requests."""
+    device = model.device
+    steps = max(it.k for it in items)
+    sampled: list[list[torch.Tensor]] = [[] for _ in items]
+    dists: list[list[torch.Tensor]] = [[] for _ in items]
+    for j in range(steps):
+        active = [i for i, it in enumerate(items) if it.k > j]
+        segments = []
+        for i in active:
+            it, req = items[i], items[i].request
+            length = req.length
+            if j == 0:  # catch up on the tokens the draft has not seen, ending with the last one
+                start = req.computed[DRAFT]
+                ids = torch.tensor(req.tokens[start:], dtype=torch.int64)
+                positions = torch.arange(start, length, dtype=torch.int64)
+                slots = it.draft_slots[:it.draft_catch_up]
+            else:
+                ids = sampled[i][j - 1].reshape(1)
+                positions = torch.tensor([length - 1 + j], dtype=torch.int64)
+                slots = it.draft_slots[it.draft_catch_up + j - 1:it.draft_catch_up + j]
+            segments.append(Segment(req.id, ids, positions, slots, int(positions[-1]) + 1, None,
+                                    logits_from=len(ids) - 1))
+        logits = forward(model, pool, DRAFT, segments)  # [len(active), vocab]
+        for row, i in enumerate(active):
+            req = items[i].request
+            if req.params.greedy:
+                sampled[i].append(torch.argmax(logits[row]))
+                continue
+            q = sampling_probs(logits[row], req.params)
+            u = philox_uniform(req.rng_seed, req.rng_request, DRAFT_STREAM, req.length + j, 0, device=device)
+            sampled[i].append(sample_inverse_cdf(q[None], u.reshape(1))[0])
+            dists[i].append(q.float())
+    drafts = [torch.stack(s).tolist() for s in sampled]  # the one host sync, after the loop
+    return drafts, [torch.stack(d) if d else None for d in dists]

@@ -1,0 +1,71 @@
+"""What the engine returns: per-request outputs, their metrics, and streaming chunks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class RequestMetrics:
+    """Speculation and speed figures of one request.
+
+    verify_steps: target forward passes that decided tokens for it.
+    draft_tokens / accepted_tokens: drafts proposed (tree nodes) / accepted.
+    acceptance_rate: accepted_tokens / draft_tokens (0 when nothing was proposed).
+    mean_accepted_length: generated tokens per verify step (accepted + bonus); 1.0 without
+        speculation.
+    accepted_per_position: how often the draft at depth 1, 2, ... was accepted.
+    tokens_per_s: generated tokens / seconds from the first scheduled step to the end.
+    preemptions: times its KV was freed for lack of pages (and recomputed).
+    """
+
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    generated_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    seconds: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return self.generated_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"verify_steps": self.verify_steps, "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens, "generated_tokens": self.generated_tokens,
+                "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
+                "accepted_per_position": list(self.accepted_per_position), "preemptions": self.preemptions,
+                "tokens_per_s": self.tokens_per_s, "seconds": self.seconds}
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str          # "stop" (stop string/token or EOS), "length" (max_tokens / context)
+    metrics: RequestMetrics
+
+
+@dataclass
+class StreamChunk:
+    """Incremental output of one request: the new text and tokens since the last chunk."""
+
+    request_id: int
+    text: str
+    token_ids: list[int]
+    finished: bool
+    finish_reason: Optional[str] = None
+    accepted: list[bool] = field(default_factory=list)  # per new token: was it an accepted draft?

@@ -1,0 +1,102 @@
+"""User-facing parameters: per-request :class:`SamplingParams` and the engine's
+:class:`SpeculationConfig`. Invalid values raise ``ValueError`` naming the parameter."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from specd.errors import InvalidArgumentError
+
+METHODS = ("none", "ngram", "suffix", "draft")
+
+
+def _check(ok: bool, name: str, value, rule: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(f"{name} must be {rule}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    """How one request is sampled (vLLM-like). ``temperature == 0`` is greedy.
+
+    top_k: 0 (or -1) = off. top_p in (0, 1]. min_p in [0, 1]. max_tokens >= 1 new tokens.
+    stop: strings that end the output (not included in the text). stop_token_ids: token ids
+    that end it. ignore_eos: keep generating past the EOS token. seed: a per-request seed
+    (same seed, same output); None uses the engine's seed and the request's index.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_tokens: int = 16
+    stop: Sequence[str] = field(default_factory=tuple)
+    stop_token_ids: Sequence[int] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
+               and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
+        if self.top_k == -1:
+            self.top_k = 0
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", self.top_k, "an int >= 0 (0 or -1 = off)")
+        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an int >= 1")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", self.stop, "non-empty strings")
+        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
+               self.stop_token_ids, "ints >= 0")
+        _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**64), "seed",
+               self.seed, "None or an int in [0, 2**64)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class SpeculationConfig:
+    """How the engine speculates.
+
+    method: "none", "ngram" (prompt lookup), "suffix" (suffix index + cache of past outputs)
+        or "draft" (a draft model, given to LLM as ``draft=``).
+    num_speculative_tokens: k, draft tokens per request per step (the tree depth for ngram and
+        suffix); 0 = no speculation.
+    max_tree_nodes: node budget of ngram/suffix token trees (None: k, which makes ngram
+        proposals chain-sized); ignored for "draft" (chains of k).
+    ngram_min / ngram_max / ngram_candidates: prompt-lookup n-gram range and the number of
+        distinct continuations merged into the tree.
+    """
+
+    method: str = "none"
+    num_speculative_tokens: int = 4
+    max_tree_nodes: Optional[int] = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+    ngram_candidates: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.method in METHODS, "method", self.method, f"one of {METHODS}")
+        _check(isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
+               "num_speculative_tokens", self.num_speculative_tokens, "an int in [0, 64]")
+        _check(self.max_tree_nodes is None or (isinstance(self.max_tree_nodes, int) and 0 <= self.max_tree_nodes <= 256),
+               "max_tree_nodes", self.max_tree_nodes, "None or an int in [0, 256]")
+        _check(isinstance(self.ngram_min, int) and 1 <= self.ngram_min <= self.ngram_max <= 64,
+               "ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max <= 64")
+        _check(isinstance(self.ngram_candidates, int) and self.ngram_candidates >= 1, "ngram_candidates",
+               self.ngram_candidates, "an int >= 1")
+
+    @property
+    def k(self) -> int:
+        return 0 if self.method == "none" else self.num_speculative_tokens
+
+    @property
+    def tree_nodes(self) -> int:
+        if self.method == "draft":
+            return self.k
+        return self.k if self.max_tree_nodes is None else self.max_tree_nodes

@@ -1,0 +1,119 @@
+"""One request's state in the engine: its tokens, KV progress, stop handling and metrics."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from specd.engine.outputs import RequestMetrics, RequestOutput
+from specd.engine.params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Detokenizer:
+    """Incremental detokenization: new text per appended token, never splitting a multi-byte
+    character (a trailing U+FFFD waits for the next token)."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-6:])  # a little context so the first token decodes right
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        prefix = decode(self.ids[self.prefix_offset:self.read_offset])
+        full = decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            return full[len(prefix):]
+        return ""
+
+
+@dataclass
+class Request:
+    id: int
+    prompt: Optional[str]
+    prompt_ids: list[int]
+    params: SamplingParams
+    rng_seed: int        # Philox key
+    rng_request: int     # Philox counter word: 0 when the user gave a seed (same seed, same output)
+    max_len: int         # prompt + output never exceeds this (the context limit)
+    eos_ids: frozenset
+    detokenizer: Optional[Detokenizer] = None
+    output_ids: list[int] = field(default_factory=list)
+    accepted_flags: list[bool] = field(default_factory=list)  # per output token: an accepted draft?
+    text: str = ""
+    status: Status = Status.WAITING
+    finish_reason: Optional[str] = None
+    computed: list[int] = field(default_factory=lambda: [0, 0])  # KV committed: target, draft
+    in_blocks: bool = False  # holds a sequence in the block manager
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    started: Optional[float] = None
+    finished_at: Optional[float] = None
+    stream_sent: tuple[int, int] = (0, 0)  # (text chars, tokens) already streamed
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status == Status.FINISHED
+
+    def room(self) -> int:
+        """How many more tokens it may emit (max_tokens and the context limit)."""
+        return min(self.params.max_tokens - len(self.output_ids), self.max_len - self.length)
+
+    def emit(self, tokens: list[int], num_accepted: int) -> int:
+        """Appends this step's tokens (accepted drafts, then the bonus/recovered token), stopping
+        at EOS, a stop token or string, max_tokens or the context limit. Returns how many of
+        them were kept."""
+        kept = 0
+        for i, token in enumerate(tokens):
+            self.output_ids.append(token)
+            self.accepted_flags.append(i < num_accepted)
+            kept += 1
+            if self.detokenizer is not None:
+                self.text += self.detokenizer.push(token)
+            if (token in self.eos_ids and not self.params.ignore_eos) or token in self.params.stop_token_ids:
+                self._finish("stop")
+            elif self.detokenizer is not None and self._cut_at_stop_string():
+                self._finish("stop")
+            elif self.room() <= 0:
+                self._finish("length")
+            if self.finished:
+                break
+        self.metrics.generated_tokens = len(self.output_ids)
+        return kept
+
+    def _cut_at_stop_string(self) -> bool:
+        for stop in self.params.stop:
+            at = self.text.find(stop)
+            if at >= 0:
+                self.text = self.text[:at]
+                return True
+        return False
+
+    def _finish(self, reason: str) -> None:
+        self.status = Status.FINISHED
+        self.finish_reason = reason
+        self.finished_at = time.perf_counter()
+        if self.started is not None:
+            self.metrics.seconds = self.finished_at - self.started
+
+    def output(self) -> RequestOutput:
+        return RequestOutput(self.id, self.prompt, list(self.prompt_ids), self.text, list(self.output_ids),
+                             self.finish_reason or "", self.metrics)

@@ -1,0 +1,53 @@
+"""The sampling rules of cpp/include/specd/sampling.h in torch, for distributions that must
+stay on the device (the draft loop samples inside the loop without host sync). Tested equal
+to the C++ reference (tests/python/test_engine_sampling.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from specd.engine.params import SamplingParams
+from specd.engine.rng import philox_uniform
+
+# Philox "step" word of the draft model's sampling stream; verification uses step 0, so the
+# draft's draws never coincide with the verifier's (a requirement of lossless verification).
+DRAFT_STREAM = 1
+
+
+def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits ``[vocab]`` -> probabilities ``[vocab]`` (float64) by the rules of sampling.h."""
+    logits = logits.double()
+    if p.temperature == 0:
+        out = torch.zeros_like(logits)
+        out[torch.argmax(logits)] = 1
+        return out
+    probs = torch.softmax(logits / p.temperature, dim=-1)
+    if p.top_k > 0 or p.top_p < 1 or p.min_p > 0:
+        # Order by (prob desc, id asc): a stable sort of ids by -prob.
+        order = torch.sort(-probs, stable=True).indices
+        ranked = probs[order]
+        keep = torch.ones_like(ranked, dtype=torch.bool)
+        if 0 < p.top_k < ranked.numel():
+            keep[p.top_k:] = False
+            ranked = torch.where(keep, ranked, 0) / ranked[keep].sum()
+        if p.top_p < 1:
+            before = torch.cumsum(ranked, 0) - ranked  # mass of the better-ranked tokens
+            keep &= before < p.top_p
+            keep[0] = True
+            ranked = torch.where(keep, ranked, 0)
+            ranked = ranked / ranked.sum()
+        if p.min_p > 0:
+            keep &= ranked >= p.min_p * ranked[0]
+            ranked = torch.where(keep, ranked, 0)
+            ranked = ranked / ranked.sum()
+        probs = torch.zeros_like(probs).scatter(0, order, torch.where(keep, ranked, 0))
+    return probs
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs ``[B, vocab]``, u ``[B]`` in [0, 1) -> token ids ``[B]`` (the first id whose
+    running sum exceeds u * total), without leaving the device."""
+    cdf = torch.cumsum(probs, dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return idx.clamp_(max=probs.shape[-1] - 1)

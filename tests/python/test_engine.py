@@ -1,0 +1,251 @@
+"""The engine end to end on tiny random Llama and Qwen2 models (target + smaller draft, same
+tokenizer): greedy losslessness against plain decoding and HF transformers, every method and
+k, trees, preemption, chunked prefill, KV accounting, stochastic reproducibility and
+distribution, streaming, stop conditions and errors."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import specd
+from specd import errors
+from tiny_models import CODE_SNIPPET, EOS_TOKEN_ID, load_hf_model, make_tiny_model
+
+MAX_TOKENS = 20
+
+
+def prompts_of_mixed_lengths(tokenizer):
+    """8 prompts from 3 to ~60 tokens, some repeating themselves (prompt lookup can hit)."""
+    base = CODE_SNIPPET
+    texts = ["x", "def f(a, b):", base[:40], base, base + base[:30], "for i in range(10):\n    print(i)\n" * 2,
+             "import os\nimport sys\n", "return n if n < 2 else"]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+def greedy(max_tokens=MAX_TOKENS, **kw):
+    return specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def make_llm(target, draft=None, method="none", k=3, **kw):
+    spec = specd.SpeculationConfig(method=method, num_speculative_tokens=k, **kw.pop("spec", {}))
+    return specd.LLM(target, draft if method == "draft" else None, spec, **kw)
+
+
+def self_draft(target_dir, out_dir):
+    """A correlated draft, like a real small model of the same family: the target's first layer
+    with its embeddings, final norm and LM head (half the target's KV per token)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(target_dir))
+    hf.model.layers = hf.model.layers[:1]
+    hf.config.num_hidden_layers = 1
+    if hasattr(hf.config, "layer_types") and hf.config.layer_types:
+        hf.config.layer_types = hf.config.layer_types[:1]
+    hf.save_pretrained(str(out_dir))
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (target_dir / name).exists():
+            (out_dir / name).write_bytes((target_dir / name).read_bytes())
+    return out_dir
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def models(request, tmp_path_factory, tiny_llama_dir, tiny_qwen2_dir):
+    target = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}[request.param]
+    draft = self_draft(target, tmp_path_factory.mktemp(f"self_draft_{request.param}"))
+    plain = make_llm(target)
+    prompts = prompts_of_mixed_lengths(plain.tokenizer)
+    baseline = [o.token_ids for o in plain.generate(prompts, greedy())]
+    return request.param, target, draft, prompts, baseline
+
+
+def test_plain_greedy_matches_hf_generate(models):
+    _, target, _, prompts, baseline = models
+    hf = load_hf_model(target)
+    hf.generation_config.eos_token_id = None  # like ignore_eos (min_new_tokens would mask EOS instead)
+    for ids, ours in zip(prompts, baseline):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                              pad_token_id=EOS_TOKEN_ID)
+        assert out[0, len(ids):].tolist() == ours
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft"])
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_greedy_speculation_is_lossless(models, method, k):
+    _, target, draft, prompts, baseline = models
+    llm = make_llm(target, draft, method, k)
+    outs = llm.generate(prompts, greedy())
+    assert [o.token_ids for o in outs] == baseline
+    drafted = sum(o.metrics.draft_tokens for o in outs)
+    accepted = sum(o.metrics.accepted_tokens for o in outs)
+    assert drafted > 0 and accepted > 0, "speculation did not happen"
+    for o in outs:
+        m = o.metrics
+        assert m.generated_tokens == MAX_TOKENS
+        assert m.verify_steps == MAX_TOKENS - m.accepted_tokens  # each step emits accepted + 1
+        assert sum(m.accepted_per_position) == m.accepted_tokens
+        assert m.mean_accepted_length >= 1.0
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages  # everything freed
+
+
+def test_token_trees_are_lossless(models):
+    _, target, _, prompts, baseline = models
+    spec = dict(ngram_candidates=3, ngram_max=2)
+    chains = make_llm(target, method="ngram", k=4, spec=dict(spec, ngram_candidates=1)).generate(prompts, greedy())
+    trees = make_llm(target, method="ngram", k=4, spec=dict(spec, max_tree_nodes=10)).generate(prompts, greedy())
+    assert [o.token_ids for o in trees] == baseline
+    # Several candidate continuations per step: trees drafted more nodes than chains did.
+    assert sum(o.metrics.draft_tokens for o in trees) > sum(o.metrics.draft_tokens for o in chains)
+
+
+def test_preemption_keeps_outputs(models):
+    """Short prompts are all admitted, then their outputs outgrow the pool: the newest requests
+    are preempted (KV freed, recomputed later) and every output is still the plain one."""
+    _, target, draft, _, _ = models
+    prompts = [[5 + i, 17, 3 * i + 1] for i in range(8)]
+    params = greedy(max_tokens=40)
+    want = [o.token_ids for o in make_llm(target).generate(prompts, params)]
+    probe = make_llm(target, draft, "draft", 3, block_size=4)
+    one = sum(probe.pool.blocks.pages_for_tokens(3 + 40 + 3 + 1, model=m) for m in (0, 1))
+    llm = make_llm(target, draft, "draft", 3, num_kv_pages=one + 6, block_size=4)  # 8 requests need ~8x
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == want
+    assert sum(o.metrics.preemptions for o in outs) > 0, "the pool was not small enough to preempt"
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+
+
+def test_chunked_prefill_keeps_outputs(models):
+    _, target, draft, prompts, baseline = models
+    for method in ("none", "draft"):
+        llm = make_llm(target, draft, method, 2, max_num_batched_tokens=7)
+        assert [o.token_ids for o in llm.generate(prompts, greedy())] == baseline
+
+
+def test_kv_pages_match_committed_lengths_after_every_step(models):
+    _, target, draft, prompts, _ = models
+    for method in ("draft", "ngram"):
+        llm = make_llm(target, draft, method, 4, block_size=4)
+        requests = llm._requests(prompts, greedy(max_tokens=30))
+        for r in requests:
+            llm.engine.add(r)
+        steps = 0
+        while llm.engine.has_work:
+            llm.engine.step()
+            llm.engine.check_kv()  # no reserved slots left, pages == ceil(committed / block)
+            steps += 1
+        assert steps > 10
+        assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+
+
+def test_stochastic_runs_are_reproducible(models):
+    _, target, draft, prompts, _ = models
+    for method in ("none", "draft", "ngram"):
+        llm = make_llm(target, draft, method, 3)
+        params = [specd.SamplingParams(temperature=0.9, top_p=0.95, max_tokens=12, ignore_eos=True, seed=100 + i)
+                  for i in range(len(prompts))]
+        first = [o.token_ids for o in llm.generate(prompts, params)]
+        again = [o.token_ids for o in llm.generate(prompts, params)]
+        assert first == again
+        other = [o.token_ids for o in llm.generate(prompts, [specd.SamplingParams(
+            temperature=0.9, top_p=0.95, max_tokens=12, ignore_eos=True, seed=7 + i) for i in range(len(prompts))])]
+        assert other != first
+        # A request's seed alone fixes its output, whatever batch it runs in.
+        alone = llm.generate(prompts[3], params[3])[0].token_ids
+        assert alone == first[3]
+
+
+def test_mixed_sampling_parameters_in_one_batch(models):
+    _, target, draft, prompts, baseline = models
+    llm = make_llm(target, draft, "draft", 3)
+    params = [greedy() if i % 2 == 0 else specd.SamplingParams(temperature=1.2, top_k=20, max_tokens=MAX_TOKENS,
+                                                                 ignore_eos=True, seed=i) for i in range(len(prompts))]
+    outs = llm.generate(prompts, params)
+    for i, o in enumerate(outs):
+        if i % 2 == 0:
+            assert o.token_ids == baseline[i]
+        else:
+            assert len(o.token_ids) == MAX_TOKENS
+
+
+def test_speculative_sampling_follows_the_target_distribution(models):
+    """First sampled token, 4,000 seeds: with draft-model speculation (k=3) it follows the
+    target's next-token distribution at temperature 1 (chi-square, alpha = 0.001)."""
+    _, target, draft, prompts, _ = models
+    llm = make_llm(target, draft, "draft", 3, max_num_seqs=256)
+    prompt = prompts[4]
+    n = 4000
+    outs = llm.generate([prompt] * n, [specd.SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True, seed=s)
+                                       for s in range(n)])
+    hf = load_hf_model(target)
+    with torch.no_grad():
+        p = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1].double(), -1).numpy()
+    counts = np.bincount([o.token_ids[0] for o in outs], minlength=len(p))
+    big = p * n >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(p[big], p[~big].sum()) * n
+    assert sum(o.metrics.accepted_tokens for o in outs) > n // 10  # drafts were accepted
+    assert stats.chisquare(observed, expected).pvalue > 0.001
+
+
+def test_stream_yields_the_generated_text(models):
+    _, target, draft, prompts, _ = models
+    llm = make_llm(target, draft, "draft", 3)
+    params = greedy(max_tokens=15)
+    chunks = list(llm.stream(prompts[3], params))
+    full = llm.generate(prompts[3], params)[0]
+    assert "".join(c.text for c in chunks) == full.text
+    assert sum((c.token_ids for c in chunks), []) == full.token_ids
+    assert chunks[-1].finished and chunks[-1].finish_reason == "length"
+    assert not any(c.finished for c in chunks[:-1])
+    flags = sum((c.accepted for c in chunks), [])
+    assert len(flags) == 15 and any(flags)
+
+
+def test_stop_string_token_and_eos(models):
+    _, target, _, prompts, baseline = models
+    llm = make_llm(target, method="ngram", k=3)
+    full = llm.generate(prompts[2], greedy())[0]
+    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+    cut = llm.generate(prompts[2], greedy(stop=[stop]))[0]
+    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.find(stop)]
+    token = baseline[2][5]
+    by_token = llm.generate(prompts[2], greedy(stop_token_ids=[token]))[0]
+    assert by_token.finish_reason == "stop" and by_token.token_ids == baseline[2][:baseline[2].index(token) + 1]
+    eos_run = llm.generate(prompts[2], specd.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))[0]
+    if EOS_TOKEN_ID in baseline[2]:
+        assert eos_run.token_ids[-1] == EOS_TOKEN_ID and eos_run.finish_reason == "stop"
+    else:
+        assert eos_run.token_ids == baseline[2]
+
+
+def test_errors(models, tmp_path, tiny_tokenizer_dir):
+    _, target, draft, prompts, _ = models
+    llm = make_llm(target, max_model_len=64)
+    with pytest.raises(ValueError, match="context limit of 64"):
+        llm.generate([list(range(1, 70))], greedy())
+    with pytest.raises(ValueError, match="temperature"):
+        specd.SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        specd.SamplingParams(top_p=1.5)
+    with pytest.raises(ValueError, match="max_tokens"):
+        specd.SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError, match="method"):
+        specd.SpeculationConfig(method="magic")
+    with pytest.raises(ValueError, match="needs a draft model"):
+        specd.LLM(target, None, specd.SpeculationConfig(method="draft"))
+    with pytest.raises(ValueError, match="2 prompts but 1"):
+        llm.generate(prompts[:2], [greedy()])
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([[]], greedy())
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate([[1, 10**6]], greedy())
+    small = make_llm(target, num_kv_pages=2, block_size=4)
+    with pytest.raises(ValueError, match="KV pages"):
+        small.generate(prompts[4], greedy(max_tokens=50))
+    other = tmp_path / "other_vocab"
+    make_tiny_model(other, "llama", vocab_size=300, hidden_size=32, layers=1)
+    with pytest.raises(errors.IncompatibleModelsError):
+        specd.LLM(target, other, specd.SpeculationConfig(method="draft"))
+    # Nothing is left behind by the failed calls: the engine still works.
+    assert llm.generate(prompts[0], greedy(max_tokens=3))[0].finish_reason == "length"
