@@ -6,6 +6,7 @@ forward pass; finished requests are returned.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -23,6 +24,25 @@ from specd.models.llama import LlamaModel
 from specd.verification import TokenTree, verify, verify_greedy_tokens
 
 
+@dataclass
+class EngineTimings:
+    """Wall time spent in the engine (seconds), split by phase, since the last reset."""
+
+    steps: int = 0
+    step_s: float = 0.0            # whole steps
+    target_forward_s: float = 0.0  # target model forwards (verify / prefill)
+    draft_forward_s: float = 0.0   # draft model loops
+    draft_forwards: int = 0        # draft model forward passes (k per speculating step)
+
+    @property
+    def other_s(self) -> float:
+        """Everything that is not a model forward: scheduling, proposing, verification, I/O."""
+        return max(0.0, self.step_s - self.target_forward_s - self.draft_forward_s)
+
+    def reset(self) -> None:
+        self.__init__()
+
+
 class Engine:
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel], pool: KVCachePool,
                  speculation: SpeculationConfig, policy: SpeculationPolicy, scheduler_config: SchedulerConfig):
@@ -31,6 +51,8 @@ class Engine:
         self.scheduler = Scheduler(pool, scheduler_config, policy)
         self.proposer = self._make_proposer(speculation)
         self.steps = 0
+        self.timings = EngineTimings()
+        self._sync = target.device.type == "cuda"  # time device work, not just its launch
 
     @staticmethod
     def _make_proposer(s: SpeculationConfig):
@@ -72,13 +94,15 @@ class Engine:
                 raise InvalidArgumentError(f"request {req.id} ({req.length} tokens) cannot be scheduled: the KV "
                                            f"pool ({self.pool.blocks.num_pages} pages) is too small for it")
             return []
-        now = time.perf_counter()
+        start = time.perf_counter()
         for it in items:
             if it.request.started is None:
-                it.request.started = now
+                it.request.started = start
         deciding = [it for it in items if it.decide]
         trees, draft_dists = self._propose(deciding)
+        t0 = self._clock()
         logits = model_runner.run_target(self.target, self.pool, items, trees)
+        self.timings.target_forward_s += self._clock() - t0
         finished, row = [], 0
         for it in items:
             if not it.decide:
@@ -90,7 +114,14 @@ class Engine:
             if self._accept(it, tree, rows, draft_dists.get(it.request.id)):
                 finished.append(it.request)
         self.steps += 1
+        self.timings.steps += 1
+        self.timings.step_s += time.perf_counter() - start
         return finished
+
+    def _clock(self) -> float:
+        if self._sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
 
     def _propose(self, items: list[WorkItem]) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor]]:
         trees = {it.request.id: TokenTree(it.request.tokens[-1]) for it in items}
@@ -99,7 +130,10 @@ class Engine:
         if not speculating:
             return trees, dists
         if self.speculation.method == "draft":
+            t0 = self._clock()
             drafts, qs = model_runner.run_draft(self.draft, self.pool, speculating)
+            self.timings.draft_forward_s += self._clock() - t0
+            self.timings.draft_forwards += max(it.k for it in speculating)
             for it, d, q in zip(speculating, drafts, qs):
                 trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
                 if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)

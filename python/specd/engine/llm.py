@@ -28,17 +28,24 @@ Prompt = Union[str, Sequence[int]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _dtype(dtype) -> torch.dtype:
+def _dtype(dtype, device) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
         return dtype
+    if dtype == "auto":
+        from specd.hardware import auto_dtype
+
+        dtype = auto_dtype(str(device))
     if dtype in _DTYPES:
         return _DTYPES[dtype]
-    raise InvalidArgumentError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    raise InvalidArgumentError(f"dtype must be 'auto' or one of {sorted(_DTYPES)}, got {dtype!r}")
 
 
 class LLM:
     """A target model (and optionally a draft model) with a paged KV cache and a speculative
     continuous-batching engine.
+
+    dtype: "float32", "bfloat16", "float16", or "auto" (bfloat16 on CUDA and on CPUs with
+        native bf16 matmul, float32 elsewhere; see specd.hardware).
 
     target, draft: a Hugging Face model directory, a GGUF file, or a LoadedModel.
     speculation: SpeculationConfig (default: "draft" with k=4 when a draft is given, else none).
@@ -54,7 +61,7 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
                  policy: Optional[SpeculationPolicy] = None):
-        torch_dtype = _dtype(dtype)
+        torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
         if speculation.method == "draft" and draft is None:
@@ -172,7 +179,8 @@ class LLM:
                 if len(req.text) > chars or len(req.output_ids) > toks or req.finished:
                     req.stream_sent = (len(req.text), len(req.output_ids))
                     yield StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished,
-                                      req.finish_reason, req.accepted_flags[toks:])
+                                      req.finish_reason, req.accepted_flags[toks:], req.pieces[toks:],
+                                      req.metrics if req.finished else None)
                 if req.finished:
                     return
         finally:

@@ -69,3 +69,5 @@ class StreamChunk:
     finished: bool
     finish_reason: Optional[str] = None
     accepted: list[bool] = field(default_factory=list)  # per new token: was it an accepted draft?
+    pieces: list[str] = field(default_factory=list)     # per new token: the text it added
+    metrics: Optional[RequestMetrics] = None             # on the final chunk

@@ -51,6 +51,7 @@ class Request:
     detokenizer: Optional[Detokenizer] = None
     output_ids: list[int] = field(default_factory=list)
     accepted_flags: list[bool] = field(default_factory=list)  # per output token: an accepted draft?
+    pieces: list[str] = field(default_factory=list)  # per output token: the text it added
     text: str = ""
     status: Status = Status.WAITING
     finish_reason: Optional[str] = None
@@ -86,8 +87,9 @@ class Request:
             self.output_ids.append(token)
             self.accepted_flags.append(i < num_accepted)
             kept += 1
-            if self.detokenizer is not None:
-                self.text += self.detokenizer.push(token)
+            piece = self.detokenizer.push(token) if self.detokenizer is not None else ""
+            self.pieces.append(piece)
+            self.text += piece
             if (token in self.eos_ids and not self.params.ignore_eos) or token in self.params.stop_token_ids:
                 self._finish("stop")
             elif self.detokenizer is not None and self._cut_at_stop_string():
@@ -103,7 +105,14 @@ class Request:
         for stop in self.params.stop:
             at = self.text.find(stop)
             if at >= 0:
+                excess = len(self.text) - at
                 self.text = self.text[:at]
+                for i in range(len(self.pieces) - 1, -1, -1):  # keep "".join(pieces) == text
+                    if excess <= 0:
+                        break
+                    cut = min(excess, len(self.pieces[i]))
+                    self.pieces[i] = self.pieces[i][:len(self.pieces[i]) - cut]
+                    excess -= cut
                 return True
         return False
 

@@ -143,6 +143,33 @@ class ModelConfig:
 
     # -------------------------------------------------------------------------- Hugging Face
 
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A ``config.json`` for this model that transformers and :meth:`from_hf_dict` read
+        back to the same config (used to cache GGUF models as Hugging Face directories)."""
+        hf_class = {v: k for k, v in SUPPORTED_ARCHITECTURES.items()}[self.architecture]
+        d: dict[str, Any] = {
+            "architectures": [hf_class], "model_type": self.architecture,
+            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim, "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": "silu",
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
+        }
+        if self.rope_scaling is not None:
+            d["rope_scaling"] = dict(self.rope_scaling)
+        if self.architecture == "qwen2":
+            d["use_sliding_window"] = self.sliding_window is not None
+            d["sliding_window"] = self.sliding_window
+            d["max_window_layers"] = self.num_hidden_layers if self.sliding_window is None else 0
+        elif self.architecture == "mistral":
+            d["sliding_window"] = self.sliding_window
+        else:
+            d["attention_bias"] = False
+        return d
+
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any],
                      generation_config: Optional[Mapping[str, Any]] = None) -> "ModelConfig":

@@ -1,0 +1,1 @@
+"""Benchmarks: `specd bench` (suite, runners, prompts, report)."""

@@ -1,0 +1,58 @@
+"""``specd generate``: stream one completion, optionally colouring accepted draft tokens."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specd.cli.common import add_model_options, resolve_models
+
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate a completion, streaming it",
+                       description="Generate a completion of PROMPT with speculative decoding, streaming it.")
+    p.add_argument("prompt", help="the prompt text")
+    add_model_options(p)
+    p.add_argument("--method", default="draft", choices=["draft", "ngram", "suffix", "none"],
+                   help="speculation method (default: draft model)")
+    p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--show-accepted", action="store_true",
+                   help="colour the tokens that were accepted drafts (green)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import specd
+
+    params = specd.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                  min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed)
+    spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    target, draft = resolve_models(args, want_draft=args.method == "draft")
+    if args.method == "draft" and draft is None:
+        print("specd generate: error: --method draft needs --draft", file=sys.stderr)
+        return 2
+    llm = specd.LLM(target, draft, spec, dtype=args.dtype, max_num_seqs=1)
+    prompt = args.prompt
+    if args.chat and getattr(llm.tokenizer, "chat_template", None):
+        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+    out, metrics = sys.stdout, None
+    for chunk in llm.stream(prompt, params):
+        for piece, accepted in zip(chunk.pieces, chunk.accepted):
+            out.write(f"{GREEN}{piece}{RESET}" if args.show_accepted and accepted and piece else piece)
+        out.flush()
+        metrics = chunk.metrics or metrics
+    out.write("\n")
+    print(f"[specd] {metrics.generated_tokens} tokens, {metrics.tokens_per_s:.2f} tokens/s, "
+          f"{metrics.verify_steps} verify steps, acceptance rate {metrics.acceptance_rate:.2f}, "
+          f"mean accepted length {metrics.mean_accepted_length:.2f} tokens/step", file=sys.stderr)
+    return 0

@@ -1,0 +1,76 @@
+"""The `specd` command on tiny models built in the test (no downloads): generate, bench
+--quick with JSON and PNG output, --help, and clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def specd(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "specd.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, tiny_llama_dir):
+    from test_engine import self_draft
+
+    return tiny_llama_dir, self_draft(tiny_llama_dir, tmp_path_factory.mktemp("cli_draft"))
+
+
+def test_help_for_every_command():
+    for args in ([], ["generate"], ["bench"]):
+        r = specd(*args, "--help")
+        assert r.returncode == 0 and "usage: specd" in r.stdout
+    assert "--show-accepted" in specd("generate", "--help").stdout
+    assert "--quick" in specd("bench", "--help").stdout
+
+
+def test_generate_streams_text_and_reports_metrics(pair):
+    target, draft = pair
+    r = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft", "-k", "3",
+              "--max-tokens", "12", "--dtype", "float32", "--show-accepted")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "\x1b[32m" in r.stdout  # accepted drafts coloured (the self-draft agrees often)
+    assert "12 tokens" in r.stderr and "acceptance rate" in r.stderr and "mean accepted length" in r.stderr
+    plain = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", "--max-tokens", "12",
+                  "--dtype", "float32")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout == r.stdout.replace("\x1b[32m", "").replace("\x1b[0m", "")  # lossless
+
+
+def test_bench_quick_writes_json_and_plots(pair, tmp_path):
+    target, draft = pair
+    out, plots = tmp_path / "bench.json", tmp_path / "plots"
+    r = specd("bench", "--quick", "--reps", "1", "--target", target, "--draft", draft, "--dtype", "float32",
+              "--json", out, "--plot", plots)
+    assert r.returncode == 0, r.stderr
+    assert "identical to specd plain decoding: yes" in r.stdout
+    data = json.loads(out.read_text())
+    configs = {row["config"] for row in data["rows"]}
+    assert configs == {"specd none", "specd draft k=3", "specd ngram k=6", "specd suffix k=6", "hf plain",
+                       "hf assisted"}
+    for row in data["rows"]:
+        assert row["tokens_per_s"] > 0 and row["tokens"] == 16
+        assert abs(row["target_share"] + row["draft_share"] + row["other_share"] - 1) < 1e-6 or row["other_share"] == 0
+        if row["system"] == "specd":
+            assert row["identical_to_plain"] is True
+    assert "specd_over_hf_assisted" in data["headline"]
+    for name in ("speedup_vs_k.png", "time_breakdown.png"):
+        assert (plots / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_errors_are_clear(pair, tmp_path):
+    target, _ = pair
+    r = specd("generate", "x", "--target", tmp_path / "missing", "--method", "none")
+    assert r.returncode == 2 and "error" in r.stderr and "missing" in r.stderr and "Traceback" not in r.stderr
+    r = specd("generate", "x", "--target", target, "--method", "none", "--temperature", "-1")
+    assert r.returncode == 2 and "temperature" in r.stderr
+    r = specd("generate", "x", "--target", target, "--method", "draft")
+    assert r.returncode == 2 and "--draft" in r.stderr
+    r = specd("bench", "--target", target, "--reps", "0")
+    assert r.returncode == 2 and "--reps" in r.stderr
+    assert specd("generate", "x", "--method", "magic").returncode == 2
