@@ -12,6 +12,7 @@ void bind_block_manager(py::module_& m);
 void bind_kv(py::module_& m);
 void bind_spec(py::module_& m);
 void bind_proposers(py::module_& m);
+void bind_controller(py::module_& m);
 }  // namespace specd::py_bind
 
 PYBIND11_MODULE(_core, m) {
@@ -30,4 +31,5 @@ PYBIND11_MODULE(_core, m) {
   specd::py_bind::bind_kv(m);
   specd::py_bind::bind_spec(m);
   specd::py_bind::bind_proposers(m);
+  specd::py_bind::bind_controller(m);
 }

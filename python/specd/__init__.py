@@ -38,6 +38,8 @@ from specd.errors import (
 from specd.kv import BlockManager, Reservation, SeqKvInfo, kv_bytes_per_token, slot_mapping
 from specd.engine import (
     LLM,
+    Decision,
+    GoodputPolicy,
     NoSpeculation,
     RequestMetrics,
     RequestOutput,
@@ -45,7 +47,11 @@ from specd.engine import (
     SpeculationConfig,
     SpeculationPolicy,
     StaticPolicy,
+    StepRequest,
     StreamChunk,
+    SwitchOffPolicy,
+    available_policies,
+    make_policy,
 )
 from specd.models import LoadedModel, ModelConfig, check_compatible, load_model
 from specd.proposers import NgramProposer, Proposals, Proposer, SuffixProposer
@@ -88,6 +94,12 @@ __all__ = [
     "SpeculationPolicy",
     "StaticPolicy",
     "NoSpeculation",
+    "SwitchOffPolicy",
+    "GoodputPolicy",
+    "Decision",
+    "StepRequest",
+    "available_policies",
+    "make_policy",
     "load_model",
     "LoadedModel",
     "ModelConfig",

@@ -11,8 +11,6 @@ the slot numbering of the block manager.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
 import torch
 
 from specd._core import BlockManager
@@ -94,9 +92,3 @@ class KVCachePool:
             src = torch.arange(src_page * bs, src_page * bs + n, dtype=torch.int64)
             self.copy_slots(model, src, src - src_page * bs + dst_page * bs)
 
-
-def kv_models(target: tuple[ModelConfig, torch.dtype], draft: Optional[tuple[ModelConfig, torch.dtype]]) -> list[KVModel]:
-    models = [KVModel("target", *target)]
-    if draft is not None:
-        models.append(KVModel("draft", *draft))
-    return models

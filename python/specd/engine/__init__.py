@@ -3,7 +3,10 @@
 from specd.engine.llm import LLM
 from specd.engine.outputs import RequestMetrics, RequestOutput, StreamChunk
 from specd.engine.params import SamplingParams, SpeculationConfig
-from specd.engine.policy import NoSpeculation, SpeculationPolicy, StaticPolicy
+from specd.engine.goodput import GoodputPolicy
+from specd.engine.policies import available_policies, make_policy
+from specd.engine.policy import Decision, NoSpeculation, SpeculationPolicy, StaticPolicy, StepRequest, SwitchOffPolicy
 
 __all__ = ["LLM", "SamplingParams", "SpeculationConfig", "RequestOutput", "RequestMetrics", "StreamChunk",
-           "SpeculationPolicy", "StaticPolicy", "NoSpeculation"]
+           "SpeculationPolicy", "StaticPolicy", "NoSpeculation", "SwitchOffPolicy", "GoodputPolicy", "Decision",
+           "StepRequest", "available_policies", "make_policy"]

@@ -18,6 +18,7 @@ from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Request, Status
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
+from specd.engine.timer import WallTimer
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
@@ -26,13 +27,13 @@ from specd.verification import TokenTree, verify, verify_greedy_tokens
 
 @dataclass
 class EngineTimings:
-    """Wall time spent in the engine (seconds), split by phase, since the last reset."""
+    """Time spent in the engine (seconds, wall or synthetic), split by phase, since the last reset."""
 
     steps: int = 0
     step_s: float = 0.0            # whole steps
     target_forward_s: float = 0.0  # target model forwards (verify / prefill)
-    draft_forward_s: float = 0.0   # draft model loops
-    draft_forwards: int = 0        # draft model forward passes (k per speculating step)
+    draft_forward_s: float = 0.0   # draft model forwards
+    draft_forwards: int = 0        # draft model forward passes
 
     @property
     def other_s(self) -> float:
@@ -45,29 +46,33 @@ class EngineTimings:
 
 class Engine:
     def __init__(self, target: LlamaModel, draft: Optional[LlamaModel], pool: KVCachePool,
-                 speculation: SpeculationConfig, policy: SpeculationPolicy, scheduler_config: SchedulerConfig):
+                 speculation: SpeculationConfig, policy: SpeculationPolicy, scheduler_config: SchedulerConfig,
+                 timer=None):
         self.target, self.draft, self.pool = target, draft, pool
         self.speculation, self.policy = speculation, policy
         self.scheduler = Scheduler(pool, scheduler_config, policy)
-        self.proposer = self._make_proposer(speculation)
+        self.proposers = self._make_proposers(speculation)
+        self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
         self.steps = 0
         self.timings = EngineTimings()
-        self._sync = target.device.type == "cuda"  # time device work, not just its launch
+        self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0}
 
     @staticmethod
-    def _make_proposer(s: SpeculationConfig):
-        if s.method == "ngram":
-            return _core.NgramProposer(n_min=s.ngram_min, n_max=s.ngram_max, max_candidates=s.ngram_candidates,
-                                       max_scan=max(32, s.ngram_candidates))
-        if s.method == "suffix":
-            return _core.SuffixProposer()
-        return None
+    def _make_proposers(s: SpeculationConfig) -> dict:
+        proposers = {}
+        if "ngram" in s.methods:
+            proposers["ngram"] = _core.NgramProposer(n_min=s.ngram_min, n_max=s.ngram_max,
+                                                     max_candidates=s.ngram_candidates,
+                                                     max_scan=max(32, s.ngram_candidates))
+        if "suffix" in s.methods:
+            proposers["suffix"] = _core.SuffixProposer()
+        return proposers
 
     # ---- requests ----
 
     def add(self, request: Request) -> None:
-        if self.proposer is not None:
-            self.proposer.add_request(request.id, request.prompt_ids)
+        for p in self.proposers.values():
+            p.add_request(request.id, request.prompt_ids)
         self.scheduler.add(request)
 
     def abort(self, request: Request) -> None:
@@ -77,8 +82,10 @@ class Engine:
 
     def _release(self, request: Request, finished: bool) -> None:
         self.scheduler.finish(request)
-        if self.proposer is not None and request.id in self.proposer:
-            self.proposer.remove_request(request.id, finished=finished)
+        self.policy.forget(request)
+        for p in self.proposers.values():
+            if request.id in p:
+                p.remove_request(request.id, finished=finished)
 
     @property
     def has_work(self) -> bool:
@@ -87,6 +94,7 @@ class Engine:
     # ---- one step ----
 
     def step(self) -> list[Request]:
+        self.timer.step_begin()
         items = self.scheduler.schedule()
         if not items:
             if self.scheduler.waiting and not self.scheduler.running:
@@ -94,15 +102,19 @@ class Engine:
                 raise InvalidArgumentError(f"request {req.id} ({req.length} tokens) cannot be scheduled: the KV "
                                            f"pool ({self.pool.blocks.num_pages} pages) is too small for it")
             return []
-        start = time.perf_counter()
+        now = time.perf_counter()
         for it in items:
             if it.request.started is None:
-                it.request.started = start
+                it.request.started = now
         deciding = [it for it in items if it.decide]
-        trees, draft_dists = self._propose(deciding)
-        t0 = self._clock()
-        logits = model_runner.run_target(self.target, self.pool, items, trees)
-        self.timings.target_forward_s += self._clock() - t0
+        forward_s = 0.0
+        trees, draft_dists, draft_s = self._propose(deciding)
+        forward_s += draft_s
+        tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
+        logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
+            self.target, self.pool, items, trees))
+        self.policy.observe_forward("target", tokens, target_s)
+        forward_s += target_s
         finished, row = [], 0
         for it in items:
             if not it.decide:
@@ -113,37 +125,46 @@ class Engine:
             row += len(tree)
             if self._accept(it, tree, rows, draft_dists.get(it.request.id)):
                 finished.append(it.request)
+        step_s = self.timer.step_seconds(forward_s)
+        observe_overhead = getattr(self.policy, "observe_overhead", None)
+        if observe_overhead is not None:
+            observe_overhead(step_s - forward_s)
         self.steps += 1
-        self.timings.steps += 1
-        self.timings.step_s += time.perf_counter() - start
+        t = self.timings
+        t.steps += 1
+        t.step_s += step_s
+        t.target_forward_s += target_s
+        t.draft_forward_s += draft_s
         return finished
 
-    def _clock(self) -> float:
-        if self._sync:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def _propose(self, items: list[WorkItem]) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor]]:
+    def _propose(self, items: list[WorkItem]) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], float]:
         trees = {it.request.id: TokenTree(it.request.tokens[-1]) for it in items}
         dists: dict[int, torch.Tensor] = {}
-        speculating = [it for it in items if it.k > 0]
-        if not speculating:
-            return trees, dists
-        if self.speculation.method == "draft":
-            t0 = self._clock()
-            drafts, qs = model_runner.run_draft(self.draft, self.pool, speculating)
-            self.timings.draft_forward_s += self._clock() - t0
-            self.timings.draft_forwards += max(it.k for it in speculating)
-            for it, d, q in zip(speculating, drafts, qs):
-                trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
-                if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)
-                    dists[it.request.id] = torch.cat([q, torch.zeros_like(q[:1])])
-        else:
-            out = self.proposer.propose([it.request.id for it in speculating], [it.k for it in speculating],
-                                        [it.nodes for it in speculating])
-            for i, it in enumerate(speculating):
-                trees[it.request.id] = out.tree(i)
-        return trees, dists
+        draft_s = 0.0
+        by_method: dict[str, list[WorkItem]] = {}
+        for it in items:
+            if it.k > 0:
+                by_method.setdefault(it.method, []).append(it)
+        for method, group in by_method.items():
+            if method == "draft":
+                def on_forward(tokens: int, fn):
+                    nonlocal draft_s
+                    result, seconds = self.timer.forward("draft", tokens, fn)
+                    self.policy.observe_forward("draft", tokens, seconds)
+                    self.timings.draft_forwards += 1
+                    draft_s += seconds
+                    return result
+                drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward)
+                for it, d, q in zip(group, drafts, qs):
+                    trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
+                    if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)
+                        dists[it.request.id] = torch.cat([q, torch.zeros_like(q[:1])])
+            else:
+                out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
+                                                     [it.nodes for it in group])
+                for i, it in enumerate(group):
+                    trees[it.request.id] = out.tree(i)
+        return trees, dists, draft_s
 
     def _commit_prefill(self, it: WorkItem) -> None:
         req = it.request
@@ -175,8 +196,20 @@ class Engine:
             keep = it.draft_catch_up + min(accepted, it.k - 1)
             self.pool.blocks.commit(req.id, keep, model=DRAFT)
             req.computed[DRAFT] += keep
-        # Metrics and feedback.
-        m = req.metrics
+        self._record(it, tree, accepted)
+        # Tokens: accepted drafts then the bonus token, cut at a stop condition.
+        tokens = out.tokens.tolist()
+        kept = req.emit(tokens, accepted)
+        for p in self.proposers.values():
+            p.append(req.id, tokens[:kept])
+        if req.finished:
+            self._release(req, finished=True)
+            return True
+        return False
+
+    def _record(self, it: WorkItem, tree: TokenTree, accepted: int) -> None:
+        """Metrics, telemetry and the policy's feedback for one verify step."""
+        req, m = it.request, it.request.metrics
         m.verify_steps += 1
         m.draft_tokens += tree.num_drafts
         m.accepted_tokens += accepted
@@ -184,16 +217,27 @@ class Engine:
             m.accepted_per_position.extend([0] * (accepted - len(m.accepted_per_position)))
         for d in range(accepted):
             m.accepted_per_position[d] += 1
-        self.policy.observe(req, tree.num_drafts, accepted)
-        # Tokens: accepted drafts then the bonus token, cut at a stop condition.
-        tokens = out.tokens.tolist()
-        kept = req.emit(tokens, accepted)
-        if self.proposer is not None:
-            self.proposer.append(req.id, tokens[:kept])
-        if req.finished:
-            self._release(req, finished=True)
-            return True
-        return False
+        m.k_per_step.append(it.k)
+        m.methods_per_step.append(it.method)
+        m.predicted_tokens.append(it.predicted_tokens)
+        m.realised_tokens.append(accepted + 1)
+        tel = self.telemetry
+        tel["k"].append(it.k)
+        tel["drafted"] += tree.num_drafts
+        tel["accepted"] += accepted
+        tel["predicted"] += it.predicted_tokens
+        tel["realised"] += accepted + 1
+        if it.k > 0:
+            self.policy.observe(req, it.method, tree.max_depth, accepted)
+
+    def metrics(self) -> dict:
+        """Engine-wide telemetry: steps, mean k per verified request-step, acceptance, predicted vs realised tokens."""
+        tel = self.telemetry
+        ks = tel["k"]
+        return {"steps": self.steps, "verify_request_steps": len(ks), "mean_k": float(np.mean(ks)) if ks else 0.0,
+                "speculating_share": float(np.mean([k > 0 for k in ks])) if ks else 0.0,
+                "acceptance_rate": tel["accepted"] / tel["drafted"] if tel["drafted"] else 0.0,
+                "predicted_tokens": tel["predicted"], "realised_tokens": tel["realised"]}
 
     # ---- invariants (tests) ----
 

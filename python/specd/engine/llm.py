@@ -16,7 +16,8 @@ import torch
 from specd.engine.engine import Engine
 from specd.engine.outputs import RequestOutput, StreamChunk
 from specd.engine.params import SamplingParams, SpeculationConfig
-from specd.engine.policy import NoSpeculation, SpeculationPolicy, StaticPolicy
+from specd.engine.policies import make_policy
+from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import SchedulerConfig
 from specd.errors import InvalidArgumentError
@@ -52,7 +53,9 @@ class LLM:
     kv_cache_memory: bytes of the shared KV page pool (target + draft), or num_kv_pages.
     max_num_seqs / max_num_batched_tokens: continuous-batching limits per step.
     max_model_len: context limit (prompt + output); default the target's max positions.
-    policy: a SpeculationPolicy deciding k per request and step (default: static k).
+    policy: a SpeculationPolicy object or a registered policy name ("none", "static",
+        "switch_off", "goodput" or a plugin's); default: speculation.policy.
+    timer: how forwards and steps are timed (specd.engine.timer; default wall clock).
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -60,14 +63,14 @@ class LLM:
                  kv_cache_memory: int = 256 << 20, num_kv_pages: Optional[int] = None, block_size: int = 16,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
-                 policy: Optional[SpeculationPolicy] = None):
+                 policy: Union[str, SpeculationPolicy, None] = None, timer=None):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
-        if speculation.method == "draft" and draft is None:
+        if "draft" in speculation.methods and draft is None:
             raise InvalidArgumentError("speculation method 'draft' needs a draft model (draft=...)")
-        if speculation.method != "draft" and draft is not None:
-            raise InvalidArgumentError(f"a draft model was given but speculation.method is '{speculation.method}'")
+        if "draft" not in speculation.methods and draft is not None:
+            raise InvalidArgumentError(f"a draft model was given but speculation.method is '{speculation.method_name}'")
         for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
                             ("block_size", block_size)):
             if not isinstance(value, int) or value < 1:
@@ -89,14 +92,14 @@ class LLM:
         if max_model_len is not None and not (isinstance(max_model_len, int) and 2 <= max_model_len <= limit):
             raise InvalidArgumentError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
-        if policy is None:
-            policy = StaticPolicy(speculation.k) if speculation.k > 0 else NoSpeculation()
+        if policy is None or isinstance(policy, str):
+            policy = make_policy(policy or speculation.policy, speculation)
         self.speculation = speculation
         self.eos_ids = frozenset(t.config.eos_token_ids)
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            uses_draft_kv=self.draft is not None, k_max=speculation.k,
-            nodes_per_k=None if speculation.method == "draft" else speculation.max_tree_nodes))
+            uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),
+            timer=timer)
         self.seed = seed
         self._next_id = 0
 

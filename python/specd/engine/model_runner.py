@@ -14,7 +14,7 @@ synchronisation (issue 7 captures it in CUDA graphs).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -99,10 +99,13 @@ def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     return forward(model, pool, TARGET, segments)
 
 
-def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem]) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
+              on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
+              ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
     """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
     drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
-    sampled from (row j: the distribution of draft j+1); None for greedy requests."""
+    sampled from (row j: the distribution of draft j+1); None for greedy requests.
+    ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them)."""
     device = model.device
     steps = max(it.k for it in items)
     sampled: list[list[torch.Tensor]] = [[] for _ in items]
@@ -124,7 +127,9 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem]) -> tu
                 slots = it.draft_slots[it.draft_catch_up + j - 1:it.draft_catch_up + j]
             segments.append(Segment(req.id, ids, positions, slots, int(positions[-1]) + 1, None,
                                     logits_from=len(ids) - 1))
-        logits = forward(model, pool, DRAFT, segments)  # [len(active), vocab]
+        tokens = sum(len(seg.input_ids) for seg in segments)
+        run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
+        logits = on_forward(tokens, run) if on_forward is not None else run()  # [len(active), vocab]
         for row, i in enumerate(active):
             req = items[i].request
             if req.params.greedy:

@@ -18,6 +18,8 @@ class RequestMetrics:
     accepted_per_position: how often the draft at depth 1, 2, ... was accepted.
     tokens_per_s: generated tokens / seconds from the first scheduled step to the end.
     preemptions: times its KV was freed for lack of pages (and recomputed).
+    k_per_step / methods_per_step / predicted_tokens / realised_tokens: per verify step, the
+        speculation policy's choice, its expected tokens and the tokens actually generated.
     """
 
     verify_steps: int = 0
@@ -27,6 +29,12 @@ class RequestMetrics:
     accepted_per_position: list[int] = field(default_factory=list)
     preemptions: int = 0
     seconds: float = 0.0
+    # Telemetry per verify step: the k chosen, its proposer, the tokens the policy expected
+    # the step to yield, and the tokens it did yield (accepted drafts + bonus).
+    k_per_step: list[int] = field(default_factory=list)
+    methods_per_step: list[str] = field(default_factory=list)
+    predicted_tokens: list[float] = field(default_factory=list)
+    realised_tokens: list[int] = field(default_factory=list)
 
     @property
     def acceptance_rate(self) -> float:
@@ -45,7 +53,9 @@ class RequestMetrics:
                 "accepted_tokens": self.accepted_tokens, "generated_tokens": self.generated_tokens,
                 "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
                 "accepted_per_position": list(self.accepted_per_position), "preemptions": self.preemptions,
-                "tokens_per_s": self.tokens_per_s, "seconds": self.seconds}
+                "tokens_per_s": self.tokens_per_s, "seconds": self.seconds,
+                "k_per_step": list(self.k_per_step), "methods_per_step": list(self.methods_per_step),
+                "predicted_tokens": list(self.predicted_tokens), "realised_tokens": list(self.realised_tokens)}
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from specd.errors import InvalidArgumentError
 
@@ -63,40 +63,67 @@ class SamplingParams:
 class SpeculationConfig:
     """How the engine speculates.
 
-    method: "none", "ngram" (prompt lookup), "suffix" (suffix index + cache of past outputs)
-        or "draft" (a draft model, given to LLM as ``draft=``).
-    num_speculative_tokens: k, draft tokens per request per step (the tree depth for ngram and
-        suffix); 0 = no speculation.
-    max_tree_nodes: node budget of ngram/suffix token trees (None: k, which makes ngram
-        proposals chain-sized); ignored for "draft" (chains of k).
+    method: "none", "ngram" (prompt lookup), "suffix" (suffix index + cache of past outputs),
+        "draft" (a draft model, given to LLM as ``draft=``), or several joined by "+" (or a
+        list), e.g. "draft+suffix": the goodput policy then picks one per request and step.
+    num_speculative_tokens: k, draft tokens per request per step (tree depth for ngram and
+        suffix); 0 = no speculation; "auto" = the goodput policy chooses k per request and step
+        (up to max_speculative_tokens).
+    max_tree_nodes: node budget of ngram/suffix token trees under a static k (None: k).
     ngram_min / ngram_max / ngram_candidates: prompt-lookup n-gram range and the number of
         distinct continuations merged into the tree.
+    policy: "none", "static", "switch_off", "goodput" or a name registered by a plugin
+        (entry-point group specd.policies); default: "goodput" for "auto", else "static".
+    switch_off_batch: the switch_off policy speculates only while at most this many requests
+        run in a step.
     """
 
-    method: str = "none"
-    num_speculative_tokens: int = 4
+    method: Union[str, Sequence[str]] = "none"
+    num_speculative_tokens: Union[int, str] = 4
+    max_speculative_tokens: int = 8
     max_tree_nodes: Optional[int] = None
     ngram_min: int = 1
     ngram_max: int = 4
     ngram_candidates: int = 1
+    policy: Optional[str] = None
+    switch_off_batch: int = 4
 
     def __post_init__(self) -> None:
-        _check(self.method in METHODS, "method", self.method, f"one of {METHODS}")
-        _check(isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64,
-               "num_speculative_tokens", self.num_speculative_tokens, "an int in [0, 64]")
+        methods = self.method.split("+") if isinstance(self.method, str) else list(self.method)
+        _check(len(methods) > 0 and all(m in METHODS for m in methods) and len(set(methods)) == len(methods),
+               "method", self.method, f"one or more distinct of {METHODS}")
+        _check(methods == ["none"] or "none" not in methods, "method", self.method, "'none' alone or not at all")
+        self.methods: tuple[str, ...] = tuple(methods)
+        auto = self.num_speculative_tokens == "auto"
+        _check(auto or (isinstance(self.num_speculative_tokens, int) and 0 <= self.num_speculative_tokens <= 64),
+               "num_speculative_tokens", self.num_speculative_tokens, "an int in [0, 64] or 'auto'")
+        _check(isinstance(self.max_speculative_tokens, int) and 1 <= self.max_speculative_tokens <= 64,
+               "max_speculative_tokens", self.max_speculative_tokens, "an int in [1, 64]")
         _check(self.max_tree_nodes is None or (isinstance(self.max_tree_nodes, int) and 0 <= self.max_tree_nodes <= 256),
                "max_tree_nodes", self.max_tree_nodes, "None or an int in [0, 256]")
         _check(isinstance(self.ngram_min, int) and 1 <= self.ngram_min <= self.ngram_max <= 64,
                "ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max <= 64")
         _check(isinstance(self.ngram_candidates, int) and self.ngram_candidates >= 1, "ngram_candidates",
                self.ngram_candidates, "an int >= 1")
+        _check(isinstance(self.switch_off_batch, int) and self.switch_off_batch >= 1, "switch_off_batch",
+               self.switch_off_batch, "an int >= 1")
+        if self.policy is None:
+            self.policy = "goodput" if auto and self.k > 0 else ("static" if self.k > 0 else "none")
+        _check(isinstance(self.policy, str) and self.policy, "policy", self.policy, "a policy name")
+
+    @property
+    def method_name(self) -> str:
+        return "+".join(self.methods)
 
     @property
     def k(self) -> int:
-        return 0 if self.method == "none" else self.num_speculative_tokens
+        """The largest k any request may get."""
+        if self.methods == ("none",):
+            return 0
+        return self.max_speculative_tokens if self.num_speculative_tokens == "auto" else self.num_speculative_tokens
 
-    @property
-    def tree_nodes(self) -> int:
-        if self.method == "draft":
-            return self.k
-        return self.k if self.max_tree_nodes is None else self.max_tree_nodes
+    def tree_nodes(self, k: int) -> int:
+        """Node budget of a tree proposal of depth k (ngram/suffix)."""
+        if k == 0 or self.max_tree_nodes is None or self.policy == "goodput":
+            return k
+        return self.max_tree_nodes

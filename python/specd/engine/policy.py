@@ -1,41 +1,103 @@
-"""Speculation policies: how many draft tokens (k) each running request gets this step.
+"""Speculation policies: how many draft tokens (k) each request gets in each step, and with
+which proposer when several are configured.
 
-A policy sees the requests about to run and returns a k per request; the engine caps it by
-what the request may still emit and by the context limit, and 0 means plain decoding. The
-adaptive goodput controller (issue 6) plugs in here; this milestone ships the static ones.
+The scheduler asks the policy once per step, for the requests about to run
+(:meth:`SpeculationPolicy.decide`). It then reports what happened: per request, how deep the
+proposal went and how many drafts were accepted (:meth:`observe`); per forward pass, how
+many tokens it processed and how long it took (:meth:`observe_forward`). k = 0 means plain
+decoding. The engine caps k by what a request may still emit and by the context limit.
+
+Built-in policies: ``none``, ``static`` (fixed k), ``switch_off`` (fixed k while the batch is
+small, 0 above a threshold) and ``goodput`` (specd.engine.goodput: k per request and step
+that maximizes expected goodput from learned acceptance and costs). More can be registered
+by other packages under the ``specd.policies`` entry-point group (specd.engine.policies).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from specd.engine.request import Request
 
 
+@dataclass
+class StepRequest:
+    """A running request as a policy sees it in one step."""
+
+    request: Request
+    base_tokens: int          # tokens the target verifies for it anyway: prefix chunk + root
+    k_max: int                # the largest k it may get (config cap, max_tokens, context)
+    draft_catch_up: int = 1   # tokens its first draft-model forward would process
+
+
+@dataclass
+class Decision:
+    k: int
+    method: str               # the proposer it speculates with (ignored when k == 0)
+    predicted_tokens: float = 1.0  # the policy's expectation of tokens this step yields
+
+
 class SpeculationPolicy(Protocol):
-    def draft_tokens(self, requests: Sequence[Request], k_max: int) -> list[int]:
-        """k in [0, k_max] for each request."""
+    methods: tuple[str, ...]
 
-    def observe(self, request: Request, proposed: int, accepted: int) -> None:
-        """Feedback after a verify step (used by adaptive policies)."""
+    def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
+        """One decision per request of the batch, in order."""
+
+    def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
+        """After verification: the request's proposal reached `depth`, `accepted` drafts passed."""
+
+    def observe_forward(self, model: str, tokens: int, seconds: float) -> None:
+        """A forward of `model` ("target" or "draft") processed `tokens` tokens in `seconds`."""
+
+    def forget(self, request: Request) -> None:
+        """The request ended."""
 
 
-class NoSpeculation:
-    def draft_tokens(self, requests: Sequence[Request], k_max: int) -> list[int]:
-        return [0] * len(requests)
+class _Fixed:
+    """Shared plumbing of the policies that need no feedback."""
 
-    def observe(self, request: Request, proposed: int, accepted: int) -> None:
+    def __init__(self, methods: Sequence[str] = ("none",)):
+        self.methods = tuple(methods)
+
+    def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
         pass
 
+    def observe_forward(self, model: str, tokens: int, seconds: float) -> None:
+        pass
 
-class StaticPolicy:
-    """The same k for every request and step."""
+    def forget(self, request: Request) -> None:
+        pass
 
-    def __init__(self, k: int):
+    def _decisions(self, batch: Sequence[StepRequest], k: int) -> list[Decision]:
+        return [Decision(min(k, s.k_max), self.methods[0]) for s in batch]
+
+
+class NoSpeculation(_Fixed):
+    """Plain decoding: k = 0 always."""
+
+    def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
+        return self._decisions(batch, 0)
+
+
+class StaticPolicy(_Fixed):
+    """The same k for every request and step (with the first configured method)."""
+
+    def __init__(self, k: int, methods: Sequence[str] = ("none",)):
+        super().__init__(methods)
         self.k = k
 
-    def draft_tokens(self, requests: Sequence[Request], k_max: int) -> list[int]:
-        return [min(self.k, k_max)] * len(requests)
+    def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
+        return self._decisions(batch, self.k)
 
-    def observe(self, request: Request, proposed: int, accepted: int) -> None:
-        pass
+
+class SwitchOffPolicy(_Fixed):
+    """k while at most `max_batch` requests run in the step, 0 above (milestone 1 of the
+    controller: speculation off under load)."""
+
+    def __init__(self, k: int, max_batch: int = 4, methods: Sequence[str] = ("none",)):
+        super().__init__(methods)
+        self.k, self.max_batch = k, max_batch
+
+    def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
+        return self._decisions(batch, self.k if len(batch) <= self.max_batch else 0)

@@ -14,19 +14,19 @@ Rules
 - Reservations (target, and draft when the draft model runs) are made here; if the pool is
   out of pages, the newest running request is preempted (its KV freed, recomputed later
   from its tokens) until the reservation fits. Older requests are never preempted for newer.
-- k per request comes from the policy, capped so that the step cannot emit past
-  max_tokens or the context limit.
+- k and the proposer per request come from the policy (one decide() call per step for the
+  running batch), capped so that the step cannot emit past max_tokens or the context limit.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
-from specd.engine.policy import SpeculationPolicy
+from specd.engine.policy import Decision, SpeculationPolicy, StepRequest
 from specd.engine.request import Request, Status
 from specd.errors import OutOfPagesError
 from specd.kv_cache import KVCachePool
@@ -39,8 +39,8 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 1024  # new tokens per step (prefill chunks + verify tokens)
     uses_draft_kv: bool = False          # a draft model runs (model 1 in the pool)
-    k_max: int = 0                       # the speculation config's k
-    nodes_per_k: Optional[int] = None    # tree node budget (None: nodes == k)
+    k_max: int = 0                       # the largest k of the speculation config
+    tree_nodes: Callable[[int], int] = lambda k: k  # node budget of a depth-k ngram/suffix tree
 
 
 @dataclass
@@ -53,6 +53,8 @@ class WorkItem:
     target_slots: np.ndarray       # int64 [num_prefix + (1 + nodes if decide)]
     draft_catch_up: int = 0        # draft model: tokens [computed_d, L) it processes first
     draft_slots: Optional[np.ndarray] = None  # int64 [draft_catch_up + k - 1]
+    method: str = "none"           # the proposer of its drafts this step
+    predicted_tokens: float = 1.0  # the policy's expectation of the tokens this step yields
 
     @property
     def num_tokens(self) -> int:
@@ -72,14 +74,20 @@ class Scheduler:
     def add(self, request: Request) -> None:
         self.waiting.append(request)
 
+    def _step_request(self, req: Request) -> StepRequest:
+        return StepRequest(req, base_tokens=req.length - req.computed[TARGET],
+                           k_max=max(0, min(self.config.k_max, req.room() - 1)),
+                           draft_catch_up=req.length - req.computed[DRAFT])
+
     def schedule(self) -> list[WorkItem]:
         budget = self.config.max_num_batched_tokens
         items: list[WorkItem] = []
-        ks = dict(zip((r.id for r in self.running), self.policy.draft_tokens(self.running, self.config.k_max)))
+        batch = [self._step_request(r) for r in self.running]
+        decisions = dict(zip((r.id for r in self.running), self.policy.decide(batch)))
         i = 0
         while i < len(self.running):
             req = self.running[i]
-            item = self._plan(req, budget, ks.get(req.id, 0))
+            item = self._plan(req, budget, decisions.get(req.id))
             if item is None:
                 i += 1
                 continue
@@ -90,8 +98,8 @@ class Scheduler:
             i += 1
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             req = self.waiting[0]
-            k = self.policy.draft_tokens([req], self.config.k_max)[0]
-            item = self._plan(req, budget, k)
+            decision = self.policy.decide(batch + [self._step_request(req)])[-1]
+            item = self._plan(req, budget, decision)
             if item is None or not self._admit(req, item):
                 break
             self.waiting.popleft()
@@ -113,23 +121,22 @@ class Scheduler:
 
     # ---- planning ----
 
-    def _nodes_for(self, k: int) -> int:
-        if k == 0 or self.config.nodes_per_k is None:
-            return k
-        return self.config.nodes_per_k
-
-    def _plan(self, req: Request, budget: int, k: int) -> Optional[WorkItem]:
+    def _plan(self, req: Request, budget: int, decision: Optional[Decision]) -> Optional[WorkItem]:
         if budget <= 0:
             return None
         remaining_prefix = req.length - 1 - req.computed[TARGET]
-        k = max(0, min(k, req.room() - 1))  # the step emits up to k + 1 tokens
-        nodes = self._nodes_for(k)
+        k = 0 if decision is None else max(0, min(decision.k, self.config.k_max, req.room() - 1))
+        method = decision.method if decision is not None and k > 0 else "none"
+        predicted = decision.predicted_tokens if decision is not None and k > 0 else 1.0
+        nodes = self.config.tree_nodes(k) if method in ("ngram", "suffix") else k
+        empty = np.empty(0, np.int64)
         if remaining_prefix + 1 + nodes <= budget:
-            return WorkItem(req, remaining_prefix, True, k, nodes, np.empty(0, np.int64))
+            return WorkItem(req, remaining_prefix, True, k, nodes, empty, method=method, predicted_tokens=predicted)
         if remaining_prefix > 0:  # a prefill chunk only
-            return WorkItem(req, min(remaining_prefix, budget), False, 0, 0, np.empty(0, np.int64))
+            return WorkItem(req, min(remaining_prefix, budget), False, 0, 0, empty)
         nodes = budget - 1  # decode with a smaller tree
-        return WorkItem(req, 0, True, min(k, nodes), nodes, np.empty(0, np.int64))
+        k = min(k, nodes)
+        return WorkItem(req, 0, True, k, nodes if k else 0, empty, method=method if k else "none")
 
     def _reserve(self, item: WorkItem) -> bool:
         req = item.request
@@ -139,7 +146,7 @@ class Scheduler:
             return False
         self.pool.apply_copies(reservation.copies)
         item.target_slots = reservation.slots
-        if self.config.uses_draft_kv and item.decide and item.k > 0:
+        if item.method == "draft" and item.decide and item.k > 0:
             item.draft_catch_up = req.length - req.computed[DRAFT]
             try:
                 reservation = self.blocks.reserve(req.id, item.draft_catch_up + item.k - 1, model=DRAFT)
@@ -159,7 +166,7 @@ class Scheduler:
         return True
 
     def _admit(self, req: Request, item: WorkItem) -> bool:
-        draft_tokens = item.num_prefix + item.k if self.config.uses_draft_kv else 0
+        draft_tokens = item.num_prefix + item.k if item.method == "draft" else 0
         need = [item.num_tokens] + ([draft_tokens] if self.config.uses_draft_kv else [])
         if not self.blocks.can_admit(need, headroom_pages=len(self.running)):
             return False

@@ -1,0 +1,72 @@
+// AcceptanceEstimator: per-depth acceptance rates, learned online for every request and
+// proposer, for the speculation controller.
+//
+// Words: alpha_d = P(the draft at depth d is accepted | the draft at depth d-1 was), so a
+// chain of k drafts yields E[tokens] = 1 + sum_{j=1..k} prod_{m<=j} alpha_m.
+//
+// Model (decayed Beta counts)
+// - For each (proposer, depth) a global pair (successes, trials) over all requests, and for
+//   each (request, proposer, depth) a pair of the request's own. Each new observation first
+//   multiplies the pair's old counts by a decay factor, so old behaviour fades (requests
+//   drift between repetitive and novel text).
+// - A request's estimate is (s + m * g) / (n + m): its own counts shrunk towards the
+//   proposer's global estimate g with prior strength m. A new request therefore starts at
+//   what the proposer achieves on other requests, and moves to its own rate after a few
+//   steps.
+// - Before any observation at all, g = initial_alpha (optimistic, so that speculation is
+//   tried and measured rather than never attempted).
+// - Observation of one verify step: drafts reached depth D (the deepest proposed node) and
+//   A <= D were accepted. Depths 1..A are successes; depth A+1 is a failure if A < D;
+//   deeper depths were not tested (no information).
+// Nothing here needs tuning by a user: the constants in the config are fixed defaults.
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "specd/proposer.h"
+#include "specd/span.h"
+#include "specd/status.h"
+
+namespace specd {
+
+struct AcceptanceEstimatorConfig {
+  int32_t max_depth = 32;       // depths tracked (1..max_depth)
+  double request_decay = 0.85;  // per observation of the request
+  double global_decay = 0.995;  // per observation of the proposer
+  double prior_strength = 3.0;  // pseudo-trials of the global estimate in a request's estimate
+  double initial_alpha = 0.6;   // global estimate before any data
+};
+
+class AcceptanceEstimator {
+ public:
+  AcceptanceEstimator(const AcceptanceEstimatorConfig& config, int32_t num_proposers);
+
+  int32_t num_proposers() const { return num_proposers_; }
+  int32_t max_depth() const { return config_.max_depth; }
+
+  // One verify step of request `id` whose proposal by `proposer` reached depth `depth` with
+  // `accepted` drafts accepted (0 <= accepted <= depth). depth == 0 records nothing.
+  Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
+  // alpha_1..alpha_n of the request (the proposer's global estimate when it has no data).
+  Status alphas(RequestId id, int32_t proposer, Span<double> out) const;
+  // The proposer's global estimate at depth d (1-based).
+  double global_alpha(int32_t proposer, int32_t depth) const;
+  void remove(RequestId id) { requests_.erase(id); }
+  int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
+
+ private:
+  struct Counts {
+    std::vector<double> successes, trials;  // [max_depth]
+  };
+  Status check(int32_t proposer) const;
+  static void add(Counts* c, int32_t depth, int32_t accepted, double decay);
+
+  AcceptanceEstimatorConfig config_;
+  int32_t num_proposers_;
+  std::vector<Counts> global_;                                 // [num_proposers]
+  std::unordered_map<RequestId, std::vector<Counts>> requests_;  // [num_proposers] each
+};
+
+}  // namespace specd

@@ -1,0 +1,58 @@
+// CostModel: the time of one forward pass as a function of how many tokens it processes,
+// learned online from measured (tokens, seconds) samples, for the speculation controller.
+//
+// Model
+// - Token counts fall into buckets: one per count up to 8, then four per octave (8, 10, 12,
+//   14, 16, 20, 24, ...).
+//   Each bucket keeps an exponentially weighted average of its samples' token counts and
+//   times; predictions interpolate linearly between the nearest buckets with data. This
+//   follows flat-then-linear GPU profiles (memory-bound up to a compute knee) as well as the
+//   steeper CPU ones, with no shape assumed.
+// - Beyond the largest bucket with data, the prediction extrapolates with the slope of an
+//   exponentially weighted least-squares line over all samples (never a negative slope).
+//   Below the smallest, the smallest bucket's time is returned (a forward never gets cheaper
+//   with fewer tokens).
+// - Before the first sample, predict() returns 0 and has_data() is false.
+// Nothing needs tuning by a user; the decay is a fixed default.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "specd/status.h"
+
+namespace specd {
+
+struct CostModelConfig {
+  double decay = 0.8;           // weight kept by a bucket's average at each new sample
+  double line_decay = 0.98;     // weight kept by the least-squares sums at each new sample
+  int64_t max_tokens = 1 << 20; // largest token count tracked
+};
+
+class CostModel {
+ public:
+  explicit CostModel(const CostModelConfig& config = CostModelConfig());
+
+  Status observe(int64_t tokens, double seconds);
+  double predict(int64_t tokens) const;
+  bool has_data() const { return samples_ > 0; }
+  int64_t samples() const { return samples_; }
+  // The least-squares line: seconds ~ intercept + slope * tokens.
+  double slope() const;
+  double intercept() const;
+
+ private:
+  struct Bucket {
+    double weight = 0;  // accumulated weight (0 = no data)
+    double tokens = 0;  // weighted mean token count
+    double seconds = 0; // weighted mean time
+  };
+  static std::size_t bucket_of(int64_t tokens);
+
+  CostModelConfig config_;
+  std::vector<Bucket> buckets_;
+  double sw_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;  // weighted sums for the line
+  int64_t samples_ = 0;
+};
+
+}  // namespace specd

@@ -1,0 +1,77 @@
+#include "specd/acceptance_estimator.h"
+
+#include <algorithm>
+
+namespace specd {
+
+AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config, int32_t num_proposers)
+    : config_(config), num_proposers_(std::max(1, num_proposers)) {
+  config_.max_depth = std::max(1, config_.max_depth);
+  const auto d = static_cast<std::size_t>(config_.max_depth);
+  global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
+}
+
+Status AcceptanceEstimator::check(int32_t proposer) const {
+  if (proposer < 0 || proposer >= num_proposers_)
+    return error_status(StatusCode::kInvalidArgument, "proposer ", proposer, " is not in [0, ", num_proposers_, ")");
+  return Status::Ok();
+}
+
+void AcceptanceEstimator::add(Counts* c, int32_t depth, int32_t accepted, double decay) {
+  for (std::size_t d = 0; d < c->trials.size(); ++d) {
+    c->successes[d] *= decay;
+    c->trials[d] *= decay;
+  }
+  const auto limit = static_cast<int32_t>(c->trials.size());
+  for (int32_t d = 0; d < std::min(accepted, limit); ++d) {
+    c->successes[static_cast<std::size_t>(d)] += 1.0;
+    c->trials[static_cast<std::size_t>(d)] += 1.0;
+  }
+  if (accepted < depth && accepted < limit) c->trials[static_cast<std::size_t>(accepted)] += 1.0;
+}
+
+Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted) {
+  SPECD_RETURN_IF_ERROR(check(proposer));
+  if (depth < 0 || accepted < 0 || accepted > depth)
+    return error_status(StatusCode::kInvalidArgument, "observe: need 0 <= accepted <= depth, got accepted ", accepted,
+                        " of depth ", depth);
+  if (depth == 0) return Status::Ok();
+  add(&global_[static_cast<std::size_t>(proposer)], depth, accepted, config_.global_decay);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) {
+    const auto d = static_cast<std::size_t>(config_.max_depth);
+    it = requests_.emplace(id, std::vector<Counts>(static_cast<std::size_t>(num_proposers_),
+                                                   Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)}))
+             .first;
+  }
+  add(&it->second[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
+  return Status::Ok();
+}
+
+double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth) const {
+  if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
+  const Counts& g = global_[static_cast<std::size_t>(proposer)];
+  const auto d = static_cast<std::size_t>(std::clamp(depth, 1, config_.max_depth) - 1);
+  const double m = config_.prior_strength;
+  return (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
+}
+
+Status AcceptanceEstimator::alphas(RequestId id, int32_t proposer, Span<double> out) const {
+  SPECD_RETURN_IF_ERROR(check(proposer));
+  const auto it = requests_.find(id);
+  const double m = config_.prior_strength;
+  for (std::size_t j = 0; j < out.size(); ++j) {
+    const int32_t depth = static_cast<int32_t>(j) + 1;
+    const double g = global_alpha(proposer, depth);
+    if (it == requests_.end()) {
+      out[j] = g;
+      continue;
+    }
+    const Counts& c = it->second[static_cast<std::size_t>(proposer)];
+    const auto d = static_cast<std::size_t>(std::min(depth, config_.max_depth) - 1);
+    out[j] = (c.successes[d] + m * g) / (c.trials[d] + m);
+  }
+  return Status::Ok();
+}
+
+}  // namespace specd

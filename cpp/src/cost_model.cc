@@ -1,0 +1,80 @@
+#include "specd/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace specd {
+
+namespace {
+// Lower edges of the grid: every count up to 8, then four buckets per octave
+// (8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...).
+int64_t edge(std::size_t i) {
+  if (i < 8) return static_cast<int64_t>(i) + 1;
+  const int64_t base = int64_t{8} << ((i - 8) / 4);
+  return base + static_cast<int64_t>((i - 8) % 4) * (base / 4);
+}
+}  // namespace
+
+CostModel::CostModel(const CostModelConfig& config) : config_(config) {
+  std::size_t n = 0;
+  while (edge(n) <= config_.max_tokens) ++n;
+  buckets_.resize(n + 1);
+}
+
+std::size_t CostModel::bucket_of(int64_t tokens) {
+  std::size_t i = 0;
+  while (edge(i + 1) <= tokens) ++i;
+  return i;
+}
+
+Status CostModel::observe(int64_t tokens, double seconds) {
+  if (tokens < 1 || tokens > config_.max_tokens)
+    return error_status(StatusCode::kInvalidArgument, "cost sample of ", tokens, " tokens is outside [1, ",
+                        config_.max_tokens, "]");
+  if (!std::isfinite(seconds) || seconds < 0)
+    return error_status(StatusCode::kInvalidArgument, "cost sample of ", seconds, " seconds is not a duration");
+  Bucket& b = buckets_[std::min(bucket_of(tokens), buckets_.size() - 1)];
+  const double keep = b.weight > 0 ? config_.decay : 0.0;
+  b.tokens = keep * b.tokens + (1 - keep) * static_cast<double>(tokens);
+  b.seconds = keep * b.seconds + (1 - keep) * seconds;
+  b.weight = keep * b.weight + 1;
+  const double x = static_cast<double>(tokens), d = config_.line_decay;
+  sw_ = d * sw_ + 1;
+  sx_ = d * sx_ + x;
+  sy_ = d * sy_ + seconds;
+  sxx_ = d * sxx_ + x * x;
+  sxy_ = d * sxy_ + x * seconds;
+  ++samples_;
+  return Status::Ok();
+}
+
+double CostModel::slope() const {
+  const double var = sxx_ * sw_ - sx_ * sx_;
+  if (sw_ <= 0 || var <= 1e-12 * std::max(1.0, sxx_ * sw_)) return 0.0;
+  return std::max(0.0, (sxy_ * sw_ - sx_ * sy_) / var);
+}
+
+double CostModel::intercept() const { return sw_ > 0 ? (sy_ - slope() * sx_) / sw_ : 0.0; }
+
+double CostModel::predict(int64_t tokens) const {
+  if (!has_data()) return 0.0;
+  const double x = static_cast<double>(std::max<int64_t>(tokens, 1));
+  const Bucket* below = nullptr;
+  const Bucket* above = nullptr;
+  for (const Bucket& b : buckets_) {
+    if (b.weight <= 0) continue;
+    if (b.tokens <= x) {
+      below = &b;
+    } else if (!above) {
+      above = &b;
+    }
+  }
+  if (below && above) {
+    const double t = (x - below->tokens) / (above->tokens - below->tokens);
+    return below->seconds + t * (above->seconds - below->seconds);
+  }
+  if (above) return above->seconds;                         // below the smallest bucket
+  return below->seconds + slope() * (x - below->tokens);     // beyond the largest bucket
+}
+
+}  // namespace specd

@@ -1,0 +1,297 @@
+// Goodput optimizer: the allocation of draft tokens described in goodput_optimizer.h.
+#include "specd/goodput_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+
+namespace specd {
+namespace {
+
+constexpr double kTiny = 1e-12;  // seconds: keeps ratios finite before any cost sample
+
+const SpecOption* option_of(const SpecRequest& r, int32_t option) {
+  return option >= 0 && static_cast<std::size_t>(option) < r.options.size() ? &r.options[static_cast<std::size_t>(option)]
+                                                                             : nullptr;
+}
+
+Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
+  if (cost.target == nullptr) return error_status(StatusCode::kInvalidArgument, "optimize_goodput: no target cost model");
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const SpecRequest& r = requests[i];
+    if (r.base_tokens < 1)
+      return error_status(StatusCode::kInvalidArgument, "request ", i, ": base_tokens must be >= 1, got ", r.base_tokens);
+    for (std::size_t o = 0; o < r.options.size(); ++o) {
+      const SpecOption& opt = r.options[o];
+      if (opt.uses_draft_model && cost.draft == nullptr)
+        return error_status(StatusCode::kInvalidArgument, "request ", i, " option ", o,
+                            " uses the draft model but no draft cost model was given");
+      if (opt.uses_draft_model && opt.draft_base_tokens < 1)
+        return error_status(StatusCode::kInvalidArgument, "request ", i, ": draft_base_tokens must be >= 1");
+      double previous = 1.0;
+      for (std::size_t j = 0; j < opt.gains.size(); ++j) {
+        const double g = opt.gains[j];
+        if (!(g >= 0.0 && g <= 1.0) || g > previous + 1e-9)
+          return error_status(StatusCode::kInvalidArgument, "request ", i, " option ", o, ": gain ", j, " = ", g,
+                              " must be in [0, 1] and not above the previous one");
+        previous = g;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The step's state while allocating: totals that the cost model needs.
+class StepState {
+ public:
+  StepState(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
+            int32_t prepaid_depth)
+      : requests_(requests), cost_(cost), option_(option), prepaid_(prepaid_depth), k_(requests.size(), 0),
+        draft_tokens_(static_cast<std::size_t>(std::max(1, prepaid_depth)) + 1, 0) {
+    for (const SpecRequest& r : requests) {
+      target_tokens_ += r.base_tokens;
+      tokens_ += 1.0;
+    }
+  }
+
+  double tokens() const { return tokens_; }
+  double seconds() const {
+    double s = cost_.fixed_seconds + cost_.target->predict(target_tokens_);
+    for (std::size_t j = 1; j < draft_tokens_.size(); ++j) s += draft_cost(j, draft_tokens_[j]);
+    return std::max(s, kTiny);
+  }
+  int32_t k(std::size_t i) const { return k_[i]; }
+  const std::vector<int32_t>& ks() const { return k_; }
+
+  // Gain and added seconds of request i's next draft, or false if it can take no more.
+  bool next(std::size_t i, double* gain, double* delta) const {
+    const SpecOption* opt = option_of(requests_[i], option_[i]);
+    const auto k = static_cast<std::size_t>(k_[i]);
+    if (opt == nullptr || k >= opt->gains.size()) return false;
+    if (opt->uses_draft_model && static_cast<int32_t>(k) + 1 > prepaid_) return false;
+    *gain = opt->gains[k];
+    double d = cost_.target->predict(target_tokens_ + 1) - cost_.target->predict(target_tokens_);
+    if (opt->uses_draft_model) {
+      const std::size_t j = k + 1;
+      const int64_t w = j == 1 ? opt->draft_base_tokens : 1;
+      d += draft_cost(j, draft_tokens_[j] + w) - draft_cost(j, draft_tokens_[j]);
+    }
+    *delta = std::max(d, 0.0);
+    return true;
+  }
+
+  void take(std::size_t i, double gain) {
+    const SpecOption* opt = option_of(requests_[i], option_[i]);
+    const std::size_t j = static_cast<std::size_t>(k_[i]) + 1;
+    if (opt->uses_draft_model) draft_tokens_[j] += j == 1 ? opt->draft_base_tokens : 1;
+    ++target_tokens_;
+    tokens_ += gain;
+    ++k_[i];
+  }
+
+ private:
+  // Draft forward j's predicted time; forwards within the prepaid depth are charged even
+  // when empty (their fixed cost is what the outer search over depths decides about).
+  double draft_cost(std::size_t j, int64_t tokens) const {
+    if (cost_.draft == nullptr) return 0.0;
+    if (static_cast<int32_t>(j) <= prepaid_) return cost_.draft->predict(std::max<int64_t>(tokens, 1));
+    return tokens > 0 ? cost_.draft->predict(tokens) : 0.0;
+  }
+
+  Span<const SpecRequest> requests_;
+  const StepCostModel& cost_;
+  const std::vector<int32_t>& option_;
+  int32_t prepaid_;
+  std::vector<int32_t> k_;
+  std::vector<int64_t> draft_tokens_;  // [prepaid + 1] tokens of draft forward j (index 0 unused)
+  int64_t target_tokens_ = 0;
+  double tokens_ = 0;
+};
+
+// Greedy allocation at prepaid draft depth K; returns the ks.
+std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostModel& cost,
+                              const std::vector<int32_t>& option, int32_t depth) {
+  StepState state(requests, cost, option, depth);
+  using Entry = std::pair<double, std::size_t>;  // (gain per second, request)
+  std::priority_queue<Entry> heap;
+  auto ratio = [](double g, double d) { return d > kTiny ? g / d : g / kTiny; };
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    double g = 0, d = 0;
+    if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
+  }
+  while (!heap.empty()) {
+    const auto [r, i] = heap.top();
+    heap.pop();
+    double g = 0, d = 0;
+    if (!state.next(i, &g, &d) || g <= 0) continue;
+    const double now = ratio(g, d);
+    if (now < r * (1 - 1e-12)) {  // stale: its cost grew since it was pushed
+      heap.push({now, i});
+      continue;
+    }
+    const double before = state.tokens() / state.seconds();
+    const double after = (state.tokens() + g) / std::max(state.seconds() + d, kTiny);
+    if (after <= before) break;  // the best remaining increment lowers goodput: stop
+    state.take(i, g);
+    if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
+  }
+  return state.ks();
+}
+
+}  // namespace
+
+Status evaluate_allocation(Span<const SpecRequest> requests, const StepCostModel& cost, Span<const int32_t> k,
+                           Span<const int32_t> option, double* tokens, double* seconds) {
+  if (k.size() != requests.size() || option.size() != requests.size())
+    return error_status(StatusCode::kInvalidArgument, "evaluate_allocation: sizes differ");
+  if (cost.target == nullptr) return error_status(StatusCode::kInvalidArgument, "no target cost model");
+  double t = 0;
+  int64_t target_tokens = 0;
+  std::vector<int64_t> draft(1, 0);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const SpecRequest& r = requests[i];
+    t += 1.0;
+    target_tokens += r.base_tokens + k[i];
+    if (k[i] == 0) continue;
+    const SpecOption* opt = option_of(r, option[i]);
+    if (opt == nullptr || k[i] < 0 || static_cast<std::size_t>(k[i]) > opt->gains.size())
+      return error_status(StatusCode::kInvalidArgument, "request ", i, ": k ", k[i], " is not allowed by its option");
+    for (int32_t j = 0; j < k[i]; ++j) t += opt->gains[static_cast<std::size_t>(j)];
+    if (opt->uses_draft_model) {
+      if (draft.size() <= static_cast<std::size_t>(k[i])) draft.resize(static_cast<std::size_t>(k[i]) + 1, 0);
+      draft[1] += opt->draft_base_tokens;
+      for (int32_t j = 2; j <= k[i]; ++j) draft[static_cast<std::size_t>(j)] += 1;
+    }
+  }
+  double s = cost.fixed_seconds + cost.target->predict(target_tokens);
+  for (std::size_t j = 1; j < draft.size(); ++j)
+    if (draft[j] > 0 && cost.draft != nullptr) s += cost.draft->predict(draft[j]);
+  *tokens = t;
+  *seconds = std::max(s, kTiny);
+  return Status::Ok();
+}
+
+namespace {
+
+// Option per request by net value sum_j max(0, g_j - lambda c_j) at goodput lambda, where a
+// draft-model option also pays its share of the draft forwards' fixed cost (split over
+// `draft_users` requests). allow_draft = false keeps every request off the draft model.
+std::vector<int32_t> choose_options(Span<const SpecRequest> requests, const StepCostModel& cost, double lambda,
+                                    int32_t draft_users, bool allow_draft) {
+  int64_t base = 0;
+  for (const SpecRequest& r : requests) base += r.base_tokens;
+  const double target_token = std::max(0.0, cost.target->predict(base + 1) - cost.target->predict(base));
+  const double draft_token = cost.draft ? std::max(0.0, cost.draft->predict(2) - cost.draft->predict(1)) : 0.0;
+  const double draft_fixed = cost.draft ? std::max(0.0, cost.draft->predict(1) - draft_token) : 0.0;
+  std::vector<int32_t> option(requests.size(), -1);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    double best = -1;
+    for (std::size_t o = 0; o < requests[i].options.size(); ++o) {
+      const SpecOption& opt = requests[i].options[o];
+      if (opt.uses_draft_model && !allow_draft) continue;
+      const double c = target_token + (opt.uses_draft_model ? draft_token : 0.0);
+      double value = 0;
+      int32_t useful = 0;
+      for (double g : opt.gains) {
+        if (g - lambda * c <= 0) break;
+        value += g - lambda * c;
+        ++useful;
+      }
+      if (opt.uses_draft_model) value -= lambda * draft_fixed * useful / std::max(1, draft_users);
+      if (value > best) {
+        best = value;
+        option[i] = static_cast<int32_t>(o);
+      }
+    }
+  }
+  return option;
+}
+
+int32_t count_draft_users(Span<const SpecRequest> requests, const std::vector<int32_t>& option) {
+  int32_t n = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const SpecOption* opt = option_of(requests[i], option[i]);
+    n += (opt && opt->uses_draft_model) ? 1 : 0;
+  }
+  return n;
+}
+
+// The best allocation for fixed options: the greedy allocation at every draft depth.
+Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
+                        Allocation* best) {
+  int32_t max_depth = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const SpecOption* opt = option_of(requests[i], option[i]);
+    if (opt && opt->uses_draft_model) max_depth = std::max(max_depth, static_cast<int32_t>(opt->gains.size()));
+  }
+  for (int32_t depth = 0; depth <= max_depth; ++depth) {
+    std::vector<int32_t> k = allocate(requests, cost, option, depth);
+    double tokens = 0, seconds = 0;
+    SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, k, option, &tokens, &seconds));
+    if (tokens / seconds > best->goodput * (1 + 1e-12)) {
+      best->k = std::move(k);
+      best->option = option;
+      best->goodput = tokens / seconds;
+      best->expected_tokens = tokens;
+      best->expected_seconds = seconds;
+    }
+  }
+  return Status::Ok();
+}
+
+// Requests * options up to this size also get a coordinate search over options.
+constexpr std::size_t kLocalSearchLimit = 64;
+
+}  // namespace
+
+Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& cost, Allocation* out) {
+  SPECD_RETURN_IF_ERROR(validate(requests, cost));
+  const std::size_t n = requests.size();
+  out->k.assign(n, 0);
+  out->option.assign(n, -1);
+  out->draft_depth = 0;
+  double tokens = 0, seconds = 0;
+  SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, out->k, out->option, &tokens, &seconds));
+  out->expected_tokens = tokens;
+  out->expected_seconds = seconds;
+  out->plain_goodput = out->goodput = tokens / seconds;
+  if (n == 0 || !cost.target->has_data()) return Status::Ok();  // no costs yet: measure plain first
+
+  // Options: candidates from the net-value rule (with and without the draft model, and
+  // again at the goodput found), each allocated exactly; small steps also search options
+  // one request at a time.
+  const double lambda = out->plain_goodput;
+  const std::vector<int32_t> first = choose_options(requests, cost, lambda, 1 << 30, true);
+  const int32_t users = count_draft_users(requests, first);
+  for (const auto& option : {first, choose_options(requests, cost, lambda, users, true),
+                             choose_options(requests, cost, lambda, users, false)})
+    SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
+  const std::vector<int32_t> refined =
+      choose_options(requests, cost, out->goodput, count_draft_users(requests, out->option), true);
+  SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, refined, out));
+  std::size_t total_options = 0;
+  for (const SpecRequest& r : requests) total_options += r.options.size();
+  if (total_options <= kLocalSearchLimit) {
+    for (bool improved = true; improved;) {
+      improved = false;
+      for (std::size_t i = 0; i < n; ++i) {
+        for (std::size_t o = 0; o < requests[i].options.size(); ++o) {
+          if (out->option[i] == static_cast<int32_t>(o)) continue;
+          std::vector<int32_t> option = out->option;
+          option[i] = static_cast<int32_t>(o);
+          const double before = out->goodput;
+          SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
+          improved = improved || out->goodput > before;
+        }
+      }
+    }
+  }
+  out->draft_depth = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const SpecOption* opt = option_of(requests[i], out->option[i]);
+    if (opt && opt->uses_draft_model) out->draft_depth = std::max(out->draft_depth, out->k[i]);
+  }
+  return Status::Ok();
+}
+
+}  // namespace specd

@@ -1,0 +1,78 @@
+"""The goodput policy: per step and per request, the number of draft tokens (and the
+proposer) that maximizes expected goodput, learned online with nothing to tune (vLLM RFC
+#4565 / SmartSpec, automated).
+
+Per step it builds, for each request and each configured proposer, the expected gain of each
+additional draft, prod_{m<=j} alpha_m, from the C++ AcceptanceEstimator. These are
+per-request, per-proposer, per-depth acceptance rates, shrunk towards the proposer's global
+rate for new requests. It then asks the C++ optimizer for the allocation that maximizes
+
+    sum_i E[tokens_i(k_i)] / (T_target(sum_i base_i + k_i) + T_draft(k) + overhead)
+
+with T_target and T_draft learned online (CostModel) from the engine's measured forwards, and
+the overhead from its measured step times. k_i = 0 for every request is always a
+candidate, so the policy never predicts a step slower than plain decoding. Token trees of
+the model-free proposers are sized by the same k (their node budget), so their topology
+adapts with the acceptance vectors. The math is written out in docs/controller.md.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specd import _core
+from specd.engine.policy import Decision, StepRequest
+from specd.engine.request import Request
+
+
+class GoodputPolicy:
+    """k per request and step maximizing expected goodput (see the module docstring)."""
+
+    OVERHEAD_DECAY = 0.9  # weight kept by the step-overhead average
+
+    def __init__(self, methods: Sequence[str], k_max: int = 8):
+        self.methods = tuple(m for m in methods if m != "none") or ("none",)
+        self.k_max = k_max
+        self.estimator = _core.AcceptanceEstimator(len(self.methods))
+        self.costs = {"target": _core.CostModel(), "draft": _core.CostModel()}
+        self.overhead = 0.0
+        self.steps = 0
+
+    def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
+        if self.methods == ("none",) or not batch:
+            return [Decision(0, "none") for _ in batch]
+        requests, all_gains = [], []
+        for s in batch:
+            cap = min(self.k_max, s.k_max)
+            gains = [np.cumprod(self.estimator.alphas(s.request.id, p, cap)).tolist() if cap > 0 else []
+                     for p in range(len(self.methods))]
+            all_gains.append(gains)
+            requests.append(_core.SpecRequest(s.base_tokens, gains, [m == "draft" for m in self.methods],
+                                              [max(1, s.draft_catch_up)] * len(self.methods)))
+        plan = _core.optimize_goodput(requests, self.costs["target"],
+                                      self.costs["draft"] if "draft" in self.methods else None, self.overhead)
+        decisions = []
+        for gains, k, option in zip(all_gains, plan["k"], plan["option"]):
+            method = self.methods[option] if option >= 0 else self.methods[0]
+            predicted = 1.0 + (sum(gains[option][:k]) if k > 0 else 0.0)
+            decisions.append(Decision(int(k), method, predicted))
+        return decisions
+
+    def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
+        if method in self.methods and depth > 0:
+            self.estimator.observe(request.id, self.methods.index(method), depth, accepted)
+
+    def observe_forward(self, model: str, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            self.costs[model].observe(tokens, seconds)
+
+    def observe_overhead(self, seconds: float) -> None:
+        """Time of a step spent outside the model forwards (scheduling, proposing, verifying)."""
+        d = self.OVERHEAD_DECAY if self.steps else 0.0
+        self.overhead = d * self.overhead + (1 - d) * max(0.0, seconds)
+        self.steps += 1
+
+    def forget(self, request: Request) -> None:
+        self.estimator.remove(request.id)

@@ -1,0 +1,157 @@
+// The goodput optimizer against brute force on small cases, and its limiting behaviours.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <random>
+
+#include "block_manager_test_util.h"
+#include "specd/goodput_optimizer.h"
+
+namespace specd::testing {
+namespace {
+
+CostModel linear(double intercept, double per_token) {
+  CostModel m;
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n = 1; n <= 512; n += (n < 64 ? 1 : 7)) EXPECT_TRUE(m.observe(n, intercept + per_token * n).ok());
+  return m;
+}
+
+std::vector<double> chain_gains(const std::vector<double>& alphas) {
+  std::vector<double> g;
+  double p = 1;
+  for (double a : alphas) g.push_back(p *= a);
+  return g;
+}
+
+double brute_force(Span<const SpecRequest> reqs, const StepCostModel& cost, std::vector<int32_t>* best_k) {
+  const std::size_t n = reqs.size();
+  std::vector<int32_t> k(n, 0), opt(n, 0), best_opt;
+  double best = -1;
+  std::function<void(std::size_t)> rec = [&](std::size_t i) {
+    if (i == n) {
+      double t = 0, s = 0;
+      EXPECT_TRUE(evaluate_allocation(reqs, cost, k, opt, &t, &s).ok());
+      if (t / s > best) {
+        best = t / s;
+        *best_k = k;
+      }
+      return;
+    }
+    for (std::size_t o = 0; o < std::max<std::size_t>(1, reqs[i].options.size()); ++o) {
+      opt[i] = reqs[i].options.empty() ? -1 : static_cast<int32_t>(o);
+      const int32_t max_k = reqs[i].options.empty() ? 0 : static_cast<int32_t>(reqs[i].options[o].gains.size());
+      for (k[i] = 0; k[i] <= max_k; ++k[i]) rec(i + 1);
+      k[i] = 0;
+    }
+  };
+  rec(0);
+  return best;
+}
+
+TEST(GoodputOptimizer, MatchesBruteForceOnSmallSingleOptionCases) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<double> u(0, 1);
+  int speculated = 0, plain = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const double t0 = 0.002 + 0.03 * u(rng), t1 = 0.0005 + 0.01 * u(rng) * (trial % 3 == 0 ? 10 : 1);
+    const CostModel target = linear(t0, t1), draft = linear(0.001 + 0.01 * u(rng), 0.0002 + 0.002 * u(rng));
+    const std::size_t n = 1 + rng() % 3;
+    std::vector<std::vector<double>> gains(n);
+    std::vector<SpecOption> options(n);
+    std::vector<SpecRequest> reqs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> alphas(1 + rng() % 4);
+      for (double& a : alphas) a = u(rng);
+      gains[i] = chain_gains(alphas);
+      options[i] = SpecOption{gains[i], (rng() % 2) == 0, 1 + static_cast<int32_t>(rng() % 3)};
+      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % 20), Span<const SpecOption>(&options[i], 1)};
+    }
+    const StepCostModel cost{&target, &draft, 0.001 * u(rng)};
+    Allocation a;
+    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    std::vector<int32_t> best_k;
+    const double best = brute_force(reqs, cost, &best_k);
+    EXPECT_NEAR(a.goodput, best, 1e-9 * best) << "trial " << trial;
+    EXPECT_GE(a.goodput, a.plain_goodput * (1 - 1e-12));
+    (a.goodput > a.plain_goodput * (1 + 1e-9) ? speculated : plain)++;
+  }
+  EXPECT_GT(speculated, 40);  // both regimes are exercised
+  EXPECT_GT(plain, 20);
+}
+
+TEST(GoodputOptimizer, PicksAGoodProposerPerRequest) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<double> u(0, 1);
+  const CostModel target = linear(0.02, 0.002), draft = linear(0.004, 0.0005);
+  double worst = 1;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t n = 1 + rng() % 3;
+    std::vector<std::vector<double>> gains(2 * n);
+    std::vector<SpecOption> options(2 * n);
+    std::vector<SpecRequest> reqs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t o = 0; o < 2; ++o) {
+        std::vector<double> alphas(1 + rng() % 4);
+        for (double& a : alphas) a = u(rng);
+        gains[2 * i + o] = chain_gains(alphas);
+        options[2 * i + o] = SpecOption{gains[2 * i + o], o == 1, 1};
+      }
+      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % 4), Span<const SpecOption>(&options[2 * i], 2)};
+    }
+    const StepCostModel cost{&target, &draft, 0.0};
+    Allocation a;
+    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    std::vector<int32_t> best_k;
+    worst = std::min(worst, a.goodput / brute_force(reqs, cost, &best_k));
+  }
+  EXPECT_GT(worst, 0.97);  // a heuristic choice of option, then an exact allocation
+}
+
+TEST(GoodputOptimizer, LimitingCases) {
+  const std::vector<double> sure{1.0, 1.0, 1.0, 1.0}, never{0.0, 0.0, 0.0};
+  const SpecOption good{sure, false, 1}, bad{never, false, 1};
+  // Verification nearly free (memory-bound): take every sure draft.
+  const CostModel flat = linear(0.02, 1e-7);
+  Allocation a;
+  const std::vector<SpecRequest> one{{1, Span<const SpecOption>(&good, 1)}};
+  SPECD_ASSERT_OK(optimize_goodput(one, StepCostModel{&flat, nullptr, 0}, &a));
+  EXPECT_EQ(a.k, (std::vector<int32_t>{4}));
+  EXPECT_NEAR(a.goodput / a.plain_goodput, 5.0, 1e-3);
+  // Drafts that are never accepted: k = 0 whatever the cost.
+  const std::vector<SpecRequest> hopeless{{1, Span<const SpecOption>(&bad, 1)}};
+  SPECD_ASSERT_OK(optimize_goodput(hopeless, StepCostModel{&flat, nullptr, 0}, &a));
+  EXPECT_EQ(a.k, (std::vector<int32_t>{0}));
+  // Compute-bound (each token costs as much as the step): sure drafts do not pay either.
+  const CostModel steep = linear(0.0, 0.01);
+  std::vector<SpecRequest> batch(64, SpecRequest{1, Span<const SpecOption>(&good, 1)});
+  const std::vector<double> likely{0.7, 0.49, 0.34};
+  const SpecOption maybe{likely, false, 1};
+  for (auto& r : batch) r.options = Span<const SpecOption>(&maybe, 1);
+  SPECD_ASSERT_OK(optimize_goodput(batch, StepCostModel{&steep, nullptr, 0}, &a));
+  EXPECT_EQ(std::count(a.k.begin(), a.k.end(), 0), 64);
+  // No cost data yet: plain decoding (to measure it).
+  const CostModel empty;
+  SPECD_ASSERT_OK(optimize_goodput(one, StepCostModel{&empty, nullptr, 0}, &a));
+  EXPECT_EQ(a.k, (std::vector<int32_t>{0}));
+}
+
+TEST(GoodputOptimizer, ValidatesInput) {
+  const CostModel target = linear(0.01, 0.001);
+  Allocation a;
+  const std::vector<double> rising{0.2, 0.5};
+  const SpecOption bad{rising, false, 1};
+  const std::vector<SpecRequest> r1{{1, Span<const SpecOption>(&bad, 1)}};
+  SPECD_EXPECT_CODE(optimize_goodput(r1, StepCostModel{&target, nullptr, 0}, &a), kInvalidArgument);
+  const std::vector<double> ok{0.5};
+  const SpecOption draft_opt{ok, true, 1};
+  const std::vector<SpecRequest> r2{{1, Span<const SpecOption>(&draft_opt, 1)}};
+  SPECD_EXPECT_CODE(optimize_goodput(r2, StepCostModel{&target, nullptr, 0}, &a), kInvalidArgument);  // no draft costs
+  const std::vector<SpecRequest> r3{{0, {}}};
+  SPECD_EXPECT_CODE(optimize_goodput(r3, StepCostModel{&target, nullptr, 0}, &a), kInvalidArgument);
+  SPECD_EXPECT_CODE(optimize_goodput(r3, StepCostModel{nullptr, nullptr, 0}, &a), kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace specd::testing

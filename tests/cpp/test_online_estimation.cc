@@ -1,0 +1,107 @@
+// Online estimation on synthetic streams: the cost model learns flat-then-linear step times
+// and follows a change; the acceptance estimator converges per request and follows drift.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "block_manager_test_util.h"
+#include "specd/acceptance_estimator.h"
+#include "specd/cost_model.h"
+
+namespace specd::testing {
+namespace {
+
+double gpu_like(int64_t n) { return 0.010 + (n > 64 ? 0.0002 * static_cast<double>(n - 64) : 0.0); }
+
+TEST(CostModel, LearnsAFlatThenLinearProfileFromNoisySamples) {
+  std::mt19937 rng(1);
+  std::lognormal_distribution<double> noise(0.0, 0.05);
+  std::uniform_int_distribution<int64_t> tokens(1, 300);
+  CostModel m;
+  EXPECT_FALSE(m.has_data());
+  EXPECT_EQ(m.predict(10), 0.0);
+  for (int i = 0; i < 3000; ++i) {
+    const int64_t n = tokens(rng);
+    SPECD_ASSERT_OK(m.observe(n, gpu_like(n) * noise(rng)));
+  }
+  for (int64_t n : {1, 8, 32, 64, 100, 200, 300})
+    EXPECT_NEAR(m.predict(n), gpu_like(n), 0.08 * gpu_like(n)) << "tokens " << n;
+  EXPECT_GT(m.predict(600), m.predict(300));  // extrapolated with the learned slope
+}
+
+TEST(CostModel, FollowsAChangeOfSpeed) {
+  CostModel m;
+  for (int i = 0; i < 200; ++i) SPECD_ASSERT_OK(m.observe(1 + i % 8, 0.01));
+  for (int i = 0; i < 60; ++i) SPECD_ASSERT_OK(m.observe(1 + i % 8, 0.02));  // the machine got slower
+  EXPECT_NEAR(m.predict(4), 0.02, 0.002);
+}
+
+TEST(CostModel, ExtrapolationAndValidation) {
+  CostModel m;
+  SPECD_ASSERT_OK(m.observe(16, 0.5));
+  EXPECT_EQ(m.predict(1), 0.5);   // fewer tokens are never cheaper than the smallest seen
+  EXPECT_EQ(m.predict(64), 0.5);  // one point: no slope yet (optimistic, so it gets measured)
+  SPECD_EXPECT_CODE(m.observe(0, 0.1), kInvalidArgument);
+  SPECD_EXPECT_CODE(m.observe(4, -1.0), kInvalidArgument);
+  SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);
+}
+
+// Chains of depth k where each draft is accepted with probability alpha (given its parent).
+int32_t accepted_of(std::mt19937& rng, double alpha, int32_t k) {
+  std::bernoulli_distribution accept(alpha);
+  int32_t a = 0;
+  while (a < k && accept(rng)) ++a;
+  return a;
+}
+
+TEST(AcceptanceEstimator, ConvergesPerRequestAndSharesAPrior) {
+  std::mt19937 rng(2);
+  AcceptanceEstimator est(AcceptanceEstimatorConfig{}, 2);
+  std::vector<double> a(4);
+  SPECD_ASSERT_OK(est.alphas(1, 0, a));
+  EXPECT_NEAR(a[0], 0.6, 1e-12);  // the optimistic initial prior
+  for (int step = 0; step < 400; ++step) {
+    SPECD_ASSERT_OK(est.observe(1, 0, 4, accepted_of(rng, 0.9, 4)));  // a repetitive request
+    SPECD_ASSERT_OK(est.observe(2, 0, 4, accepted_of(rng, 0.2, 4)));  // a novel one
+    SPECD_ASSERT_OK(est.observe(3, 1, 4, accepted_of(rng, 0.5, 4)));  // another proposer
+  }
+  SPECD_ASSERT_OK(est.alphas(1, 0, a));
+  EXPECT_NEAR(a[0], 0.9, 0.1);
+  EXPECT_NEAR(a[2], 0.9, 0.12);
+  SPECD_ASSERT_OK(est.alphas(2, 0, a));
+  EXPECT_NEAR(a[0], 0.2, 0.15);
+  // A new request starts from its proposer's global estimate (between the two above).
+  SPECD_ASSERT_OK(est.alphas(99, 0, a));
+  EXPECT_GT(a[0], 0.3);
+  EXPECT_LT(a[0], 0.85);
+  SPECD_ASSERT_OK(est.alphas(99, 1, a));
+  EXPECT_NEAR(a[0], 0.5, 0.1);
+}
+
+TEST(AcceptanceEstimator, FollowsDriftWithinAFewSteps) {
+  std::mt19937 rng(3);
+  AcceptanceEstimator est(AcceptanceEstimatorConfig{}, 1);
+  for (int step = 0; step < 100; ++step) SPECD_ASSERT_OK(est.observe(7, 0, 4, accepted_of(rng, 0.95, 4)));
+  for (int step = 0; step < 15; ++step) SPECD_ASSERT_OK(est.observe(7, 0, 4, 0));  // the text stopped repeating
+  std::vector<double> a(1);
+  SPECD_ASSERT_OK(est.alphas(7, 0, a));
+  EXPECT_LT(a[0], 0.45);
+}
+
+TEST(AcceptanceEstimator, CensoredDepthsAndErrors) {
+  AcceptanceEstimator est(AcceptanceEstimatorConfig{}, 1);
+  for (int i = 0; i < 50; ++i) SPECD_ASSERT_OK(est.observe(1, 0, 2, 2));  // depth 3+ never tried
+  std::vector<double> a(3);
+  SPECD_ASSERT_OK(est.alphas(1, 0, a));
+  EXPECT_GT(a[0], 0.9);
+  EXPECT_NEAR(a[2], 0.6, 1e-9);  // untested depth: still the prior
+  SPECD_EXPECT_CODE(est.observe(1, 0, 2, 3), kInvalidArgument);
+  SPECD_EXPECT_CODE(est.observe(1, 5, 2, 1), kInvalidArgument);
+  SPECD_EXPECT_CODE(est.alphas(1, -1, a), kInvalidArgument);
+  est.remove(1);
+  EXPECT_EQ(est.num_requests(), 0);
+}
+
+}  // namespace
+}  // namespace specd::testing
