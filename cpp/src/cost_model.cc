@@ -73,8 +73,8 @@ double CostModel::predict(int64_t tokens) const {
     const double t = (x - below->tokens) / (above->tokens - below->tokens);
     return below->seconds + t * (above->seconds - below->seconds);
   }
-  if (above) return above->seconds;                         // below the smallest bucket
-  return below->seconds + slope() * (x - below->tokens);     // beyond the largest bucket
+  if (above) return std::max(0.0, above->seconds - slope() * (above->tokens - x));  // below the smallest
+  return below->seconds + slope() * (x - below->tokens);                           // beyond the largest
 }
 
 }  // namespace specd

@@ -40,8 +40,18 @@ TEST(CostModel, FollowsAChangeOfSpeed) {
 TEST(CostModel, ExtrapolationAndValidation) {
   CostModel m;
   SPECD_ASSERT_OK(m.observe(16, 0.5));
-  EXPECT_EQ(m.predict(1), 0.5);   // fewer tokens are never cheaper than the smallest seen
-  EXPECT_EQ(m.predict(64), 0.5);  // one point: no slope yet (optimistic, so it gets measured)
+  EXPECT_EQ(m.predict(1), 0.5);   // one size only: no slope yet, so flat both ways
+  EXPECT_EQ(m.predict(64), 0.5);  // (optimistic, so that larger steps get tried and measured)
+  // Only large forwards seen (a compute-bound machine): a small step is predicted cheap, by
+  // the learned slope, not as expensive as the smallest forward seen.
+  CostModel big;
+  for (int i = 0; i < 5; ++i) {
+    SPECD_ASSERT_OK(big.observe(56, 1.12));
+    SPECD_ASSERT_OK(big.observe(200, 4.0));
+  }
+  EXPECT_NEAR(big.predict(8), 0.16, 1e-6);
+  EXPECT_NEAR(big.predict(400), 8.0, 1e-6);
+  EXPECT_EQ(big.predict(1) >= 0.0, true);
   SPECD_EXPECT_CODE(m.observe(0, 0.1), kInvalidArgument);
   SPECD_EXPECT_CODE(m.observe(4, -1.0), kInvalidArgument);
   SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);

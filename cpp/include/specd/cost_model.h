@@ -8,10 +8,11 @@
 //   times; predictions interpolate linearly between the nearest buckets with data. This
 //   follows flat-then-linear GPU profiles (memory-bound up to a compute knee) as well as the
 //   steeper CPU ones, with no shape assumed.
-// - Beyond the largest bucket with data, the prediction extrapolates with the slope of an
-//   exponentially weighted least-squares line over all samples (never a negative slope).
-//   Below the smallest, the smallest bucket's time is returned (a forward never gets cheaper
-//   with fewer tokens).
+// - Outside the buckets with data, the prediction extrapolates from the nearest bucket with
+//   the slope of an exponentially weighted least-squares line over all samples (never a
+//   negative slope, never a negative time). With samples of one size only, the slope is 0.
+//   Extrapolating downwards matters: a controller that has only seen large (speculative or
+//   prefill) forwards must not believe a plain decoding step costs as much as they did.
 // - Before the first sample, predict() returns 0 and has_data() is false.
 // Nothing needs tuning by a user; the decay is a fixed default.
 #pragma once

@@ -55,7 +55,8 @@ class Engine:
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
         self.steps = 0
         self.timings = EngineTimings()
-        self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0}
+        self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
+                          "proposed_per_depth": [], "accepted_per_depth": [], "methods": {}}
 
     @staticmethod
     def _make_proposers(s: SpeculationConfig) -> dict:
@@ -228,15 +229,29 @@ class Engine:
         tel["predicted"] += it.predicted_tokens
         tel["realised"] += accepted + 1
         if it.k > 0:
+            tel["methods"][it.method] = tel["methods"].get(it.method, 0) + 1
+            for name, n in (("proposed_per_depth", tree.max_depth), ("accepted_per_depth", accepted)):
+                counts = tel[name]
+                counts.extend([0] * (n - len(counts)))
+                for d in range(n):
+                    counts[d] += 1
+        if it.k > 0:
             self.policy.observe(req, it.method, tree.max_depth, accepted)
 
     def metrics(self) -> dict:
-        """Engine-wide telemetry: steps, mean k per verified request-step, acceptance, predicted vs realised tokens."""
+        """Engine-wide telemetry: steps; per verified request-step the k chosen (mean, histogram,
+        share speculating, proposer counts); acceptance overall and per depth (accepted /
+        proposed at depth d); the policy's predicted vs the realised generated tokens."""
         tel = self.telemetry
         ks = tel["k"]
+        acc = tel["accepted_per_depth"]
+        per_depth = [(acc[d] if d < len(acc) else 0) / p for d, p in enumerate(tel["proposed_per_depth"])]
         return {"steps": self.steps, "verify_request_steps": len(ks), "mean_k": float(np.mean(ks)) if ks else 0.0,
+                "k_histogram": {int(k): int(n) for k, n in zip(*np.unique(ks, return_counts=True))} if ks else {},
                 "speculating_share": float(np.mean([k > 0 for k in ks])) if ks else 0.0,
+                "methods": dict(tel["methods"]),
                 "acceptance_rate": tel["accepted"] / tel["drafted"] if tel["drafted"] else 0.0,
+                "acceptance_per_depth": per_depth,
                 "predicted_tokens": tel["predicted"], "realised_tokens": tel["realised"]}
 
     # ---- invariants (tests) ----

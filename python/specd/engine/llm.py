@@ -152,6 +152,10 @@ class LLM:
             raise InvalidArgumentError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         return [self._make_request(p, sp) for p, sp in zip(prompts, params)]
 
+    def metrics(self) -> dict:
+        """Engine-wide speculation telemetry since the LLM was made (see Engine.metrics)."""
+        return self.engine.metrics()
+
     # ---- generation ----
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],

@@ -1,0 +1,179 @@
+"""The speculation controller in the engine: the goodput policy learns to stop speculating
+with a useless proposer (outputs unchanged), speculates with a good one on a memory-bound
+(synthetic GPU) profile but not on a compute-bound one, picks the better proposer per request,
+the switch-off policy, plugin policies from entry points, telemetry, and config errors."""
+
+import textwrap
+
+import pytest
+
+import specd
+from specd.engine.policy import Decision
+from specd.engine.timer import GPUProfile, SyntheticTimer
+from test_engine import greedy, prompts_of_mixed_lengths
+
+MEMORY_BOUND = GPUProfile(target_base=0.020, target_knee=256, target_per_token=0.0002,
+                          draft_base=0.002, draft_knee=256, draft_per_token=0.00002, step_overhead=0.0005)
+# Every token costs as much as a whole memory-bound step: verification is never free.
+COMPUTE_BOUND = GPUProfile(target_base=0.0, target_knee=0, target_per_token=0.020,
+                           draft_base=0.0, draft_knee=0, draft_per_token=0.002, step_overhead=0.0005)
+
+
+def auto(method, **kw):
+    return specd.SpeculationConfig(method=method, num_speculative_tokens="auto", max_speculative_tokens=6, **kw)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_llama_dir, tiny_llama_draft_dir, tmp_path_factory):
+    plain = specd.LLM(tiny_llama_dir)
+    prompts = prompts_of_mixed_lengths(plain.tokenizer)
+    baseline = [o.token_ids for o in plain.generate(prompts, greedy(max_tokens=40))]
+    # The target as its own draft: every greedy draft is accepted (a perfect proposer).
+    return tiny_llama_dir, tiny_llama_draft_dir, tiny_llama_dir, prompts, baseline
+
+
+def steps_until_k_stays_zero(ks):
+    """Index of the first verify step after which k is 0 for good (len(ks) if it never is)."""
+    last = max((i for i, k in enumerate(ks) if k > 0), default=-1)
+    return last + 1
+
+
+def test_a_useless_proposer_is_switched_off_and_outputs_stay_identical(setup):
+    target, bad_draft, _, prompts, baseline = setup
+    llm = specd.LLM(target, bad_draft, auto("draft"), timer=SyntheticTimer(MEMORY_BOUND))
+    outs = llm.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    m = llm.metrics()
+    assert m["acceptance_rate"] < 0.1  # an unrelated random draft: the proposer is useless
+    for o in outs:
+        ks = o.metrics.k_per_step
+        assert max(ks[:3]) > 0  # it was tried (optimistic prior, once plain costs are measured) ...
+        assert steps_until_k_stays_zero(ks) <= 6, ks  # ... and dropped within a few steps
+        assert len(ks) >= 30
+    # Requests learn from each other: the shared estimate makes late steps plain for everyone.
+    assert m["speculating_share"] < 0.2
+
+
+def test_a_good_proposer_speculates_when_verification_is_cheap_only(setup):
+    target, _, good_draft, prompts, baseline = setup
+    cheap = specd.LLM(target, good_draft, auto("draft"), timer=SyntheticTimer(MEMORY_BOUND))
+    outs = cheap.generate(prompts[:2], greedy(max_tokens=160))
+    assert [o.token_ids[:40] for o in outs] == baseline[:2]
+    m = cheap.metrics()
+    assert m["acceptance_rate"] > 0.95, m
+    assert m["speculating_share"] > 0.8 and m["mean_k"] >= 4, m
+    # The policy's expectation (telemetry) starts at its prior and learns what happens: after
+    # some steps of each request, predicted and realised tokens agree within 10%.
+    predicted = sum(p for o in outs for p in o.metrics.predicted_tokens[10:-1])
+    realised = sum(r for o in outs for r in o.metrics.realised_tokens[10:-1])
+    assert realised == pytest.approx(predicted, rel=0.10)
+    assert m["realised_tokens"] > m["predicted_tokens"]  # the prior (0.6) undershoots a perfect draft
+    assert all(len(o.metrics.predicted_tokens) == o.metrics.verify_steps for o in outs)
+
+    costly = specd.LLM(target, good_draft, auto("draft"), timer=SyntheticTimer(COMPUTE_BOUND))
+    outs = costly.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    assert costly.metrics()["speculating_share"] < 0.1, costly.metrics()
+
+
+def test_each_request_gets_the_better_proposer(setup):
+    target, bad_draft, _, prompts, baseline = setup
+    llm = specd.LLM(target, bad_draft, auto("draft+ngram"), timer=SyntheticTimer(MEMORY_BOUND))
+    outs = llm.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    methods = llm.metrics()["methods"]
+    # Random tiny targets repeat themselves, so prompt lookup hits; the random draft never does.
+    assert methods.get("ngram", 0) > 3 * methods.get("draft", 0), methods
+    late = [m for o in outs for m, k in zip(o.metrics.methods_per_step[10:], o.metrics.k_per_step[10:]) if k > 0]
+    assert late and late.count("draft") <= 0.05 * len(late), late
+
+
+def test_switch_off_speculates_only_in_small_batches(setup):
+    target, _, good_draft, prompts, baseline = setup
+    spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=3, policy="switch_off", switch_off_batch=2)
+    llm = specd.LLM(target, good_draft, spec, max_num_seqs=8)
+    outs = llm.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    ks = [k for o in outs for k in o.metrics.k_per_step]
+    assert 0 in ks and 3 in ks
+    alone = llm.generate(prompts[:1], greedy(max_tokens=40))[0]
+    assert alone.token_ids == baseline[0] and alone.metrics.k_per_step[:5] == [3] * 5
+
+
+def test_policies_from_entry_points(setup, tmp_path, monkeypatch):
+    target, _, _, prompts, baseline = setup
+    pkg = tmp_path / "specd_test_plugin"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(textwrap.dedent("""
+        from specd.engine.policy import Decision
+
+        class EveryOtherStep:
+            '''k = 2 on even steps, 0 on odd ones (a third-party policy).'''
+            def __init__(self, speculation):
+                self.methods, self.calls, self.seen = speculation.methods, 0, []
+            def decide(self, batch):
+                self.calls += 1
+                return [Decision(2 if self.calls % 2 == 0 else 0, self.methods[0]) for _ in batch]
+            def observe(self, request, method, depth, accepted):
+                self.seen.append((depth, accepted))
+            def observe_forward(self, model, tokens, seconds):
+                pass
+            def forget(self, request):
+                pass
+
+        class Broken:
+            def __init__(self, speculation):
+                pass
+        """))
+    dist = tmp_path / "specd_test_plugin-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: specd-test-plugin\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[specd.policies]\nevery_other = specd_test_plugin:EveryOtherStep\n"
+                                           "broken = specd_test_plugin:Broken\nmissing = specd_test_plugin:Nope\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert {"none", "static", "switch_off", "goodput", "every_other"} <= set(specd.available_policies())
+    llm = specd.LLM(target, speculation=specd.SpeculationConfig(method="ngram", num_speculative_tokens=2,
+                                                                 policy="every_other"))
+    out = llm.generate(prompts[3], greedy(max_tokens=40))[0]
+    assert out.token_ids == baseline[3]
+    assert set(out.metrics.k_per_step) == {0, 2}
+    assert llm.engine.policy.seen  # it was told what was accepted
+    with pytest.raises(specd.errors.InvalidArgumentError, match="no decide"):
+        specd.LLM(target, speculation=specd.SpeculationConfig(method="ngram", policy="broken"))
+    with pytest.raises(specd.errors.InvalidArgumentError, match="could not be loaded"):
+        specd.LLM(target, speculation=specd.SpeculationConfig(method="ngram", policy="missing"))
+    with pytest.raises(specd.errors.InvalidArgumentError, match="unknown speculation policy"):
+        specd.LLM(target, speculation=specd.SpeculationConfig(method="ngram", policy="nonexistent"))
+
+
+def test_speculation_config_auto_and_errors():
+    s = specd.SpeculationConfig(method="draft+suffix", num_speculative_tokens="auto")
+    assert s.methods == ("draft", "suffix") and s.policy == "goodput" and s.k == 8
+    assert specd.SpeculationConfig(method=["ngram"], num_speculative_tokens=3).policy == "static"
+    assert specd.SpeculationConfig().policy == "none"
+    for bad in (dict(method="draft+draft"), dict(method="none+ngram"), dict(method="magic"),
+                dict(num_speculative_tokens="many"), dict(max_speculative_tokens=0), dict(switch_off_batch=0)):
+        with pytest.raises(specd.errors.InvalidArgumentError):
+            specd.SpeculationConfig(**bad)
+
+
+def test_decisions_are_capped_by_the_engine(setup):
+    """A policy asking for more than allowed gets k capped by max_tokens and the config."""
+    target, _, _, prompts, baseline = setup
+
+    class Greedy:
+        methods = ("ngram",)
+        def decide(self, batch):
+            return [Decision(50, "ngram") for _ in batch]
+        def observe(self, *a):
+            pass
+        def observe_forward(self, *a):
+            pass
+        def forget(self, *a):
+            pass
+
+    llm = specd.LLM(target, speculation=specd.SpeculationConfig(method="ngram", num_speculative_tokens=4),
+                    policy=Greedy())
+    out = llm.generate(prompts[5], greedy(max_tokens=7))[0]
+    assert out.token_ids == baseline[5][:7]
+    assert max(out.metrics.k_per_step) <= 4
