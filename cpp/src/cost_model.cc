@@ -61,20 +61,27 @@ double CostModel::predict(int64_t tokens) const {
   const double x = static_cast<double>(std::max<int64_t>(tokens, 1));
   const Bucket* below = nullptr;
   const Bucket* above = nullptr;
+  const Bucket* second = nullptr;  // the second bucket with data above x (local slope below the data)
   for (const Bucket& b : buckets_) {
     if (b.weight <= 0) continue;
     if (b.tokens <= x) {
       below = &b;
     } else if (!above) {
       above = &b;
+    } else if (!second) {
+      second = &b;
     }
   }
   if (below && above) {
     const double t = (x - below->tokens) / (above->tokens - below->tokens);
     return below->seconds + t * (above->seconds - below->seconds);
   }
-  if (above) return std::max(0.0, above->seconds - slope() * (above->tokens - x));  // below the smallest
-  return below->seconds + slope() * (x - below->tokens);                           // beyond the largest
+  if (above) {  // below the smallest bucket: the slope of the two smallest (flat with one)
+    const double local =
+        second ? std::max(0.0, (second->seconds - above->seconds) / (second->tokens - above->tokens)) : 0.0;
+    return std::max(0.0, above->seconds - local * (above->tokens - x));
+  }
+  return below->seconds + slope() * (x - below->tokens);  // beyond the largest bucket
 }
 
 }  // namespace specd

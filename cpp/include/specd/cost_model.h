@@ -8,11 +8,13 @@
 //   times; predictions interpolate linearly between the nearest buckets with data. This
 //   follows flat-then-linear GPU profiles (memory-bound up to a compute knee) as well as the
 //   steeper CPU ones, with no shape assumed.
-// - Outside the buckets with data, the prediction extrapolates from the nearest bucket with
-//   the slope of an exponentially weighted least-squares line over all samples (never a
-//   negative slope, never a negative time). With samples of one size only, the slope is 0.
-//   Extrapolating downwards matters: a controller that has only seen large (speculative or
-//   prefill) forwards must not believe a plain decoding step costs as much as they did.
+// - Beyond the largest bucket with data, the prediction extrapolates with the slope of an
+//   exponentially weighted least-squares line over all samples (never negative). Below the
+//   smallest, it extrapolates with the slope between the two smallest buckets (flat with
+//   one bucket; never negative, never below 0 seconds). The local slope matters: a
+//   controller that has only seen large forwards must neither believe that a plain decoding
+//   step costs as much as they did on a compute-bound machine (CPU), nor that it is far
+//   cheaper on a memory-bound one (GPU, flat below a knee).
 // - Before the first sample, predict() returns 0 and has_data() is false.
 // Nothing needs tuning by a user; the decay is a fixed default.
 #pragma once

@@ -59,6 +59,19 @@ def _with_source(functions) -> list:
 
 
 def builtin_prompts(tokenizer, quick: bool = False) -> list[BenchPrompt]:
+    """The prompts of ``specd bench``: one of each kind (quick: one short completion)."""
+    prompts = load_prompts(tokenizer)
+    completion, edit, chat = ([p for p in prompts if p.kind == k] for k in ("completion", "edit", "chat"))
+    if quick:
+        short = [BenchPrompt(f"complete:{f.__qualname__}", "completion", _head(f, 0.6))
+                 for f in _with_source((colorsys.rgb_to_hls,))]
+        return short or completion[:1]
+    return completion[:1] + edit[:1] + chat[:1]
+
+
+def load_prompts(tokenizer) -> list[BenchPrompt]:
+    """Every built-in prompt (completion, edit and chat; 8 where all sources are readable):
+    the request mix of ``specd bench load``."""
     completion = [BenchPrompt(f"complete:{f.__qualname__}", "completion", _head(f))
                   for f in _with_source(_COMPLETION)]
     edit = [BenchPrompt(f"edit:{f.__qualname__}", "edit", _chat(tokenizer, (
@@ -66,8 +79,4 @@ def builtin_prompts(tokenizer, quick: bool = False) -> list[BenchPrompt]:
         "Keep its behaviour and names.\n\n```python\n" + textwrap.dedent(inspect.getsource(f)) + "```")))
         for f in _with_source(_EDIT)]
     chat = [BenchPrompt(f"chat:{i}", "chat", _chat(tokenizer, q)) for i, q in enumerate(_CHAT)]
-    if quick:
-        short = [BenchPrompt(f"complete:{f.__qualname__}", "completion", _head(f, 0.6))
-                 for f in _with_source((colorsys.rgb_to_hls,))]
-        return short or completion[:1]
-    return completion[:1] + edit[:1] + chat[:1]
+    return completion + edit + chat

@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--plot", type=Path, help="write PNG plots into this directory")
     p.set_defaults(run=run)
+    from specd.cli import bench_load
+
+    bench_load.add_parser(p.add_subparsers(dest="bench_command", metavar="{load}",
+                                           description="specd bench load: latency under load (see --help)"))
 
 
 def run(args: argparse.Namespace) -> int:

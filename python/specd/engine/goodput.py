@@ -50,7 +50,7 @@ class GoodputPolicy:
                      for p in range(len(self.methods))]
             all_gains.append(gains)
             requests.append(_core.SpecRequest(s.base_tokens, gains, [m == "draft" for m in self.methods],
-                                              [max(1, s.draft_catch_up)] * len(self.methods)))
+                                              [self._draft_base(s, g) for g in gains]))
         plan = _core.optimize_goodput(requests, self.costs["target"],
                                       self.costs["draft"] if "draft" in self.methods else None, self.overhead)
         decisions = []
@@ -59,6 +59,16 @@ class GoodputPolicy:
             predicted = 1.0 + (sum(gains[option][:k]) if k > 0 else 0.0)
             decisions.append(Decision(int(k), method, predicted))
         return decisions
+
+    @staticmethod
+    def _draft_base(s: StepRequest, gains: list[float]) -> int:
+        """Draft tokens charged to the step for the request's catch-up. The draft model must
+        first process the tokens it has not seen (the prompt, tokens of plain steps); that
+        cost is paid once and enables drafting for the rest of the request, so it is spread
+        over the steps the request still has (at the expected tokens per step)."""
+        behind = max(0, s.draft_catch_up - 1)
+        steps_left = max(1.0, s.remaining_tokens / (1.0 + sum(gains)))
+        return 1 + int(np.ceil(behind / steps_left))
 
     def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
         if method in self.methods and depth > 0:

@@ -67,6 +67,40 @@ class LLM:
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
+        self._check_args(speculation, draft, max_num_seqs, max_num_batched_tokens, block_size)
+        t = target if isinstance(target, LoadedModel) else load_model(target, torch_dtype)
+        d = None
+        if draft is not None:
+            d = draft if isinstance(draft, LoadedModel) else load_model(draft, torch_dtype)
+            check_compatible(t, d)
+        self._setup(LlamaModel.from_loaded(t, device), LlamaModel.from_loaded(d, device) if d is not None else None,
+                    t.tokenizer, speculation, device=device, kv_cache_memory=kv_cache_memory,
+                    num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
+                    policy=policy, timer=timer)
+
+    @classmethod
+    def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
+                    tokenizer=None, device="cpu", kv_cache_memory: int = 256 << 20,
+                    num_kv_pages: Optional[int] = None, block_size: int = 16, max_num_seqs: int = 32,
+                    max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
+                    policy: Union[str, SpeculationPolicy, None] = None, timer=None) -> "LLM":
+        """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
+        ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
+        (e.g. the trace-replay models of ``specd bench load --simulated``)."""
+        if speculation is None:
+            speculation = SpeculationConfig(method="draft" if draft_model is not None else "none")
+        cls._check_args(speculation, draft_model, max_num_seqs, max_num_batched_tokens, block_size)
+        self = cls.__new__(cls)
+        self._setup(target_model, draft_model, tokenizer, speculation, device=device,
+                    kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    max_model_len=max_model_len, seed=seed, policy=policy, timer=timer)
+        return self
+
+    @staticmethod
+    def _check_args(speculation: SpeculationConfig, draft, max_num_seqs, max_num_batched_tokens,
+                    block_size) -> None:
         if "draft" in speculation.methods and draft is None:
             raise InvalidArgumentError("speculation method 'draft' needs a draft model (draft=...)")
         if "draft" not in speculation.methods and draft is not None:
@@ -75,27 +109,26 @@ class LLM:
                             ("block_size", block_size)):
             if not isinstance(value, int) or value < 1:
                 raise InvalidArgumentError(f"{name} must be an int >= 1, got {value!r}")
-        t = target if isinstance(target, LoadedModel) else load_model(target, torch_dtype)
-        d = None
-        if draft is not None:
-            d = draft if isinstance(draft, LoadedModel) else load_model(draft, torch_dtype)
-            check_compatible(t, d)
-        self.tokenizer = t.tokenizer
-        self.target = LlamaModel.from_loaded(t, device)
-        self.draft = LlamaModel.from_loaded(d, device) if d is not None else None
-        models = [KVModel("target", t.config, self.target.dtype)]
+
+    def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
+               kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
+               seed, policy, timer) -> None:
+        self.tokenizer = tokenizer
+        self.target, self.draft = target_model, draft_model
+        tc = target_model.config
+        models = [KVModel("target", tc, self.target.dtype)]
         if self.draft is not None:
-            models.append(KVModel("draft", d.config, self.draft.dtype))
+            models.append(KVModel("draft", draft_model.config, self.draft.dtype))
         pages = num_kv_pages or KVCachePool.pages_for_memory(kv_cache_memory, models[0], block_size)
         self.pool = KVCachePool(models, pages, block_size, device)
-        limit = t.config.max_position_embeddings
+        limit = tc.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 2 <= max_model_len <= limit):
             raise InvalidArgumentError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
         if policy is None or isinstance(policy, str):
             policy = make_policy(policy or speculation.policy, speculation)
         self.speculation = speculation
-        self.eos_ids = frozenset(t.config.eos_token_ids)
+        self.eos_ids = frozenset(tc.eos_token_ids)
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),

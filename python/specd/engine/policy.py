@@ -29,6 +29,7 @@ class StepRequest:
     base_tokens: int          # tokens the target verifies for it anyway: prefix chunk + root
     k_max: int                # the largest k it may get (config cap, max_tokens, context)
     draft_catch_up: int = 1   # tokens its first draft-model forward would process
+    remaining_tokens: int = 1 << 30  # tokens it may still generate (max_tokens, context)
 
 
 @dataclass

@@ -77,7 +77,7 @@ class Scheduler:
     def _step_request(self, req: Request) -> StepRequest:
         return StepRequest(req, base_tokens=req.length - req.computed[TARGET],
                            k_max=max(0, min(self.config.k_max, req.room() - 1)),
-                           draft_catch_up=req.length - req.computed[DRAFT])
+                           draft_catch_up=req.length - req.computed[DRAFT], remaining_tokens=req.room())
 
     def schedule(self) -> list[WorkItem]:
         budget = self.config.max_num_batched_tokens

@@ -1,0 +1,197 @@
+"""``specd bench load``: Poisson load sweep over speculation policies (see specd.bench.load)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from specd.cli.common import add_model_options, resolve_models
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError("rates must be positive numbers")
+    return values
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "load", help="latency under Poisson load: no speculation vs static k vs switch-off vs goodput",
+        description="Requests (the built-in prompts, greedy) arrive as a Poisson process at a sweep of rates; "
+                    "every policy serves the same arrivals: none, static k=1,2,4,8, switch_off, goodput. Reports "
+                    "mean/p50/p99 latency, TTFT, TPOT, throughput and goodput, and goodput's latency relative to "
+                    "none and to the best static k. Default: the real models on this machine (wall clock). "
+                    "--simulated: the engine's real scheduling and acceptance decisions (replayed from greedy "
+                    "traces recorded once on the real models) against a SYNTHETIC GPU cost profile.")
+    add_model_options(p)
+    p.add_argument("--simulated", action="store_true",
+                   help="synthetic GPU step times (flat up to a compute knee, then linear) on a virtual clock")
+    p.add_argument("--method", default=None, choices=["draft", "ngram", "suffix", "draft+suffix", "draft+ngram"],
+                   help="proposer(s) of the speculating policies (default: draft when a draft model is used, "
+                        "else suffix)")
+    p.add_argument("--requests", type=int, default=None, help="requests per rate (default 64; real: 6)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 64; real: 12)")
+    p.add_argument("--rates", type=_floats, default=None,
+                   help="arrival rates in requests/s, comma-separated (default: 5 rates from 0.5 to 128 times "
+                        "the single-request rate; real: 2 rates, 0.5x and 32x)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="batch limit (default 64; real: 6)")
+    p.add_argument("--switch-off-batch", type=int, default=4, help="switch_off policy: speculate up to this batch")
+    p.add_argument("--seed", type=int, default=0, help="arrival process seed")
+    g = p.add_argument_group("synthetic GPU profile (--simulated; seconds = base + max(0, tokens - knee) * per_token)")
+    g.add_argument("--target-ms", type=float, default=20.0, help="target forward time below the knee (ms)")
+    g.add_argument("--target-knee", type=int, default=64, help="tokens a target forward takes at flat cost")
+    g.add_argument("--target-per-token-us", type=float, default=250.0, help="target cost per token above the knee")
+    g.add_argument("--draft-ms", type=float, default=4.0, help="draft forward time below the knee (ms)")
+    g.add_argument("--draft-knee", type=int, default=64)
+    g.add_argument("--draft-per-token-us", type=float, default=50.0)
+    g.add_argument("--overhead-ms", type=float, default=0.5, help="per-step time outside the forwards (ms)")
+    p.add_argument("--json", type=Path, help="write rows, comparison and settings as JSON here")
+    p.add_argument("--plot", type=Path, help="write latency-vs-rate PNG into this directory")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specd.bench import load
+
+    for name in ("requests", "max_tokens", "max_num_seqs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"specd bench load: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
+            return 2
+    sim = args.simulated
+    args.requests = args.requests or (64 if sim else 6)
+    args.max_tokens = args.max_tokens or (64 if sim else 12)
+    args.max_num_seqs = args.max_num_seqs or (64 if sim else 6)
+    want_draft = args.method is None or "draft" in args.method
+    target, draft = resolve_models(args, want_draft=want_draft and (args.target is None or args.draft is not None))
+    method = args.method or ("draft" if draft is not None else "suffix")
+    if "draft" in method and draft is None:
+        print("specd bench load: error: --method draft needs --draft", file=sys.stderr)
+        return 2
+    log = lambda m: print(f"[specd bench load] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    setup = (_simulated if sim else _real)(args, target, draft, method, log)
+    make_llm, prompts, expected, clock, title, extra = setup
+    policies = load.default_policies(method, switch_off_batch=args.switch_off_batch)
+    rates = args.rates
+    if rates is None:
+        single = load.run_load(make_llm(policies[0].speculation), prompts[:1], [0.0], args.max_tokens, clock)
+        base = 1.0 / single.latencies[0]
+        rates = [base * m for m in ((0.5, 2, 8, 32, 128) if sim else (0.5, 32))]
+        log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
+    rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
+                      args.seed, log)
+    cmp = load.compare(rows)
+    print(title)
+    print(load.table(rows))
+    print()
+    print(load.comparison_table(cmp))
+    if cmp:
+        worst_best = max(c["goodput_vs_best_static"] for c in cmp)
+        worst_none = max(c["goodput_vs_none"] for c in cmp)
+        print(f"targets: goodput latency <= 1.03 x best static k at every rate: "
+              f"{'met' if worst_best <= 1.03 else 'NOT met'} (worst {worst_best:.3f}); "
+              f"<= 1/0.97 x no speculation at every rate: {'met' if worst_none <= 1 / 0.97 else 'NOT met'} "
+              f"(worst {worst_none:.3f})")
+    mismatched = sorted({r["policy"] for r in rows if not r["identical_outputs"]})
+    print("greedy outputs identical to plain decoding:", "yes" if not mismatched else f"NO: {mismatched}")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "run"}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"title": title, "settings": settings, "method": method, "rates": rates,
+                                         "rows": rows, "comparison": cmp, **extra}, indent=1))
+        print(f"wrote {args.json}")
+    if args.plot:
+        args.plot.mkdir(parents=True, exist_ok=True)
+        path = args.plot / ("load_simulated.png" if sim else "load_real.png")
+        load.plot(rows, path, title)
+        print(f"wrote {path}")
+    return 1 if mismatched else 0
+
+
+def _fitting(prompts: list, limit: int, log) -> list:
+    """The prompts that leave room for the output in the model's context."""
+    kept = [(name, ids) for name, ids in prompts if len(ids) <= limit]
+    if len(kept) < len(prompts):
+        log(f"skipping {len(prompts) - len(kept)} prompts longer than {limit} tokens (the model's context)")
+    if not kept:
+        from specd.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"no built-in prompt fits the model's context with {limit} tokens to spare")
+    return kept
+
+
+def _simulated(args, target, draft, method, log):
+    from specd.bench.prompts import load_prompts
+    from specd.bench.replay import ReplayWorld, cached_traces, record_traces
+    from specd.engine.llm import LLM
+    from specd.engine.timer import GPUProfile, SyntheticTimer
+    from specd.hub import cache_dir
+    from specd.models.llama import LlamaModel
+    from specd.models.loader import load_model
+
+    t = load_model(target, args.dtype)
+    prompts = _fitting([(p.name, list(t.tokenizer(p.text)["input_ids"])) for p in load_prompts(t.tokenizer)],
+                       t.config.max_position_embeddings - args.max_tokens - 16, log)
+    key = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
+           "dtype": args.dtype, "max_tokens": args.max_tokens, "prompts": prompts}
+
+    def make():
+        log(f"recording greedy traces of {len(prompts)} prompts x {args.max_tokens} tokens on the real models "
+            "(once; cached)")
+        llm_factory = lambda: LLM(t, dtype=args.dtype, max_num_seqs=len(prompts))  # noqa: E731
+        draft_factory = (lambda: LlamaModel.from_loaded(load_model(draft, args.dtype))) if draft else None
+        return record_traces(llm_factory, draft_factory, prompts, args.max_tokens, log)
+
+    world = ReplayWorld(cached_traces(cache_dir() / "traces", key, make))
+    profile = GPUProfile(target_base=args.target_ms / 1e3, target_knee=args.target_knee,
+                         target_per_token=args.target_per_token_us / 1e6, draft_base=args.draft_ms / 1e3,
+                         draft_knee=args.draft_knee, draft_per_token=args.draft_per_token_us / 1e6,
+                         step_overhead=args.overhead_ms / 1e3)
+    longest = max(len(p) for p in world.prompts) + args.max_tokens + 16
+    pages = 2 * args.max_num_seqs * (-(-longest // 16)) + 16
+    target_model = world.model("target", max_positions=longest + 64)
+    draft_model = world.model("draft", max_positions=longest + 64) if world.has_draft else None
+
+    def make_llm(spec):
+        return LLM.from_models(target_model, draft_model if "draft" in spec.methods else None, spec,
+                               num_kv_pages=pages, max_num_seqs=args.max_num_seqs, timer=SyntheticTimer(profile))
+
+    title = (f"specd bench load --simulated: SYNTHETIC GPU profile {profile}; engine decisions replayed from greedy "
+             f"traces of {Path(target).name} / {Path(draft).name if draft else '-'} ({len(world.prompts)} prompts); "
+             f"{args.requests} requests x {args.max_tokens} tokens per rate; max batch {args.max_num_seqs}; "
+             f"method {method}")
+    return make_llm, world.prompts, world.outputs, "virtual", title, {"profile": asdict(profile), "synthetic": True}
+
+
+def _real(args, target, draft, method, log):
+    from specd.bench.prompts import load_prompts
+    from specd.engine.llm import LLM
+    from specd.engine.params import SamplingParams
+    from specd.models.loader import load_model
+
+    t = load_model(target, args.dtype)
+    d = load_model(draft, args.dtype) if draft is not None else None
+    prompts = [ids for _, ids in _fitting([(p.name, list(t.tokenizer(p.text)["input_ids"]))
+                                            for p in load_prompts(t.tokenizer)],
+                                           t.config.max_position_embeddings - args.max_tokens - 16, log)]
+    prompts.sort(key=len)
+    prompts = prompts[:min(len(prompts), args.requests)]
+
+    def make_llm(spec):
+        return LLM(t, d if "draft" in spec.methods else None, spec, dtype=args.dtype,
+                   max_num_seqs=args.max_num_seqs)
+
+    log(f"reference: plain greedy outputs of {len(prompts)} prompts")
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
+    expected = [o.token_ids for o in LLM(t, dtype=args.dtype, max_num_seqs=len(prompts)).generate(prompts, params)]
+    title = (f"specd bench load: real models {Path(target).name} / {Path(draft).name if draft else '-'} on this "
+             f"machine (wall clock, dtype {args.dtype}); {args.requests} requests x {args.max_tokens} tokens per "
+             f"rate; max batch {args.max_num_seqs}; method {method}")
+    return make_llm, prompts, expected, "wall", title, {"synthetic": False}
