@@ -43,16 +43,18 @@ class GoodputPolicy:
     def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
         if self.methods == ("none",) or not batch:
             return [Decision(0, "none") for _ in batch]
-        requests, all_gains = [], []
+        all_gains = []
         for s in batch:
             cap = min(self.k_max, s.k_max)
-            gains = [np.cumprod(self.estimator.alphas(s.request.id, p, cap)).tolist() if cap > 0 else []
-                     for p in range(len(self.methods))]
-            all_gains.append(gains)
-            requests.append(_core.SpecRequest(s.base_tokens, gains, [m == "draft" for m in self.methods],
-                                              [self._draft_base(s, g) for g in gains]))
-        plan = _core.optimize_goodput(requests, self.costs["target"],
-                                      self.costs["draft"] if "draft" in self.methods else None, self.overhead)
+            all_gains.append([np.cumprod(self.estimator.alphas(s.request.id, p, cap)).tolist() if cap > 0 else []
+                              for p in range(len(self.methods))])
+        invest = self._worth_catching_up(batch, all_gains)
+        requests = []
+        for s, gains, ok in zip(batch, all_gains, invest):
+            # A request whose draft catch-up does not pay keeps its model-free options only.
+            usable = [g if (m != "draft" or ok) else [] for m, g in zip(self.methods, gains)]
+            requests.append(self._request(s, usable, amortized=True))
+        plan = self._optimize(requests)
         decisions = []
         for gains, k, option in zip(all_gains, plan["k"], plan["option"]):
             method = self.methods[option] if option >= 0 else self.methods[0]
@@ -60,12 +62,61 @@ class GoodputPolicy:
             decisions.append(Decision(int(k), method, predicted))
         return decisions
 
+    def _request(self, s: StepRequest, gains: list[list[float]], amortized: bool):
+        bases = [self._draft_base(s, g) if amortized else 1 for g in gains]
+        return _core.SpecRequest(s.base_tokens, gains, [m == "draft" for m in self.methods], bases)
+
+    def _optimize(self, requests) -> dict:
+        return _core.optimize_goodput(requests, self.costs["target"],
+                                      self.costs["draft"] if "draft" in self.methods else None, self.overhead)
+
+    def _worth_catching_up(self, batch: Sequence[StepRequest], all_gains) -> list[bool]:
+        """Which requests should let the draft model catch up on tokens it has not seen.
+
+        Catching up is an investment. Every request of the batch waits once for the draft
+        to process the request's missing tokens (cost: n x wait). It lets the request draft
+        in its remaining steps. The steady-state plan, with every draft KV in sync, gives the
+        request's drafts per step k and extra tokens per step Δ. Their marginal step time δ
+        comes from the learned costs. Each step the batch then gains Δ/G - δ seconds (the
+        time its extra tokens would take at goodput G, minus what its drafts add), for all
+        n requests, over its S remaining steps. Invest iff S (Δ/G - δ) > wait. Requests
+        already in sync always may draft."""
+        behind = [max(0, s.draft_catch_up - 1) for s in batch]
+        if "draft" not in self.methods or not any(behind):
+            return [True] * len(batch)
+        steady = self._optimize([self._request(s, g, amortized=False) for s, g in zip(batch, all_gains)])
+        target, draft = self.costs["target"], self.costs["draft"]
+        d = self.methods.index("draft")
+        goodput = steady["goodput"]
+        verified = sum(s.base_tokens for s in batch) + sum(steady["k"])
+        users = sum(1 for k, o in zip(steady["k"], steady["option"]) if k > 0 and o == d)
+        draft_token = max(0.0, draft.predict(users + 1) - draft.predict(users))
+        # Before the draft's costs have a slope, assume its tokens cost what the target's do,
+        # scaled by the two models' forward times.
+        ratio = draft.predict(1) / target.predict(1) if target.predict(1) > 0 else 0.0
+        invest = []
+        for s, gains, k, option, b in zip(batch, all_gains, steady["k"], steady["option"], behind):
+            if b == 0:
+                invest.append(True)
+                continue
+            if option != d or k == 0 or goodput <= 0:
+                invest.append(False)
+                continue
+            extra = sum(gains[d][:k])
+            delta = max(0.0, target.predict(verified) - target.predict(verified - k)) + k * draft_token
+            per_step = extra / goodput - delta
+            steps_left = s.remaining_tokens / (1.0 + extra)
+            base = users + 1
+            wait = max(draft.predict(base + b) - draft.predict(base),
+                       ratio * (target.predict(verified + b) - target.predict(verified)), 0.0)
+            invest.append(steps_left * per_step > wait)
+        return invest
+
     @staticmethod
     def _draft_base(s: StepRequest, gains: list[float]) -> int:
-        """Draft tokens charged to the step for the request's catch-up. The draft model must
-        first process the tokens it has not seen (the prompt, tokens of plain steps); that
-        cost is paid once and enables drafting for the rest of the request, so it is spread
-        over the steps the request still has (at the expected tokens per step)."""
+        """Draft tokens charged to the step for the request's catch-up: spread over the steps
+        the request still has (at the expected tokens per step), since it is paid once and
+        enables drafting for the rest of the request (when _worth_catching_up said so)."""
         behind = max(0, s.draft_catch_up - 1)
         steps_left = max(1.0, s.remaining_tokens / (1.0 + sum(gains)))
         return 1 + int(np.ceil(behind / steps_left))

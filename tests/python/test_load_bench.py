@@ -1,0 +1,109 @@
+"""`specd bench load` and the trace replay behind --simulated, on tiny models (no downloads):
+replayed runs reproduce the real engine's outputs and acceptance exactly; the CLI writes
+valid JSON and PNG in both modes; Poisson arrivals have the asked rate."""
+
+import json
+
+import numpy as np
+import pytest
+
+import specd
+from specd.bench import load
+from specd.bench.replay import ReplayWorld, record_traces
+from specd.engine.timer import GPUProfile, SyntheticTimer
+from specd.models.llama import LlamaModel
+from specd.models.loader import load_model
+from test_cli import specd as run_cli
+from test_engine import greedy, prompts_of_mixed_lengths
+
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def world(tiny_llama_dir, tiny_llama_draft_dir):
+    tok = specd.LLM(tiny_llama_dir).tokenizer
+    prompts = [(f"p{i}", ids) for i, ids in enumerate(prompts_of_mixed_lengths(tok))]
+    traces = record_traces(lambda: specd.LLM(tiny_llama_dir, max_num_seqs=8),
+                           lambda: LlamaModel.from_loaded(load_model(tiny_llama_draft_dir, "float32")),
+                           prompts, MAX_TOKENS, log=lambda m: None)
+    return ReplayWorld(traces), [ids for _, ids in prompts]
+
+
+def test_replay_reproduces_the_real_engine(world, tiny_llama_dir, tiny_llama_draft_dir):
+    w, prompts = world
+    for method in ("draft", "ngram"):
+        spec = specd.SpeculationConfig(method=method, num_speculative_tokens=3)
+        real = specd.LLM(tiny_llama_dir, tiny_llama_draft_dir if method == "draft" else None, spec)
+        real_outs = real.generate(prompts, greedy(max_tokens=MAX_TOKENS))
+        replay = specd.LLM.from_models(w.model("target"), w.model("draft") if method == "draft" else None, spec,
+                                       num_kv_pages=512)
+        replay_outs = replay.generate(w.prompts, greedy(max_tokens=MAX_TOKENS))
+        assert [o.token_ids for o in replay_outs] == w.outputs
+        # The same drafts are accepted at the same steps: acceptance is replayed exactly.
+        assert [o.metrics.accepted_per_position for o in replay_outs] == \
+            [o.metrics.accepted_per_position for o in real_outs], method
+        assert [o.metrics.verify_steps for o in replay_outs] == [o.metrics.verify_steps for o in real_outs]
+    # A static policy on the replay spends exactly the modelled time per forward.
+    timer = SyntheticTimer(GPUProfile())
+    llm = specd.LLM.from_models(w.model("target"), None, specd.SpeculationConfig(), num_kv_pages=512, timer=timer)
+    llm.generate(w.prompts[:1], greedy(max_tokens=MAX_TOKENS))
+    t = llm.engine.timings
+    assert t.target_forward_s == pytest.approx(0.020 * t.steps)  # every forward below the knee
+
+
+def test_run_load_on_the_virtual_clock(world):
+    w, _ = world
+    spec = specd.SpeculationConfig(method="none")
+    llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=1,
+                                timer=SyntheticTimer(GPUProfile(step_overhead=0.0)))
+    # Two requests far apart, one at a time: latency = its own steps, no queueing.
+    res = load.run_load(llm, w.prompts[:1], [0.0, 100.0], MAX_TOKENS, "virtual", w.outputs[:1])
+    assert res.identical and len(res.latencies) == 2
+    assert res.latencies[0] == pytest.approx(0.020 * MAX_TOKENS) == pytest.approx(res.latencies[1])
+    # Both at once with a batch limit of 1: the second waits for the first.
+    llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=1,
+                                timer=SyntheticTimer(GPUProfile(step_overhead=0.0)))
+    res = load.run_load(llm, w.prompts[:1], [0.0, 0.0], MAX_TOKENS, "virtual", w.outputs[:1])
+    assert sorted(res.latencies) == pytest.approx([0.020 * MAX_TOKENS, 0.040 * MAX_TOKENS])
+    with pytest.raises(ValueError):
+        load.run_load(llm, w.prompts[:1], [0.0], MAX_TOKENS, "sundial")
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
+    assert t[0] == 0 and np.all(np.diff(t) >= 0)
+    assert np.mean(np.diff(t)) == pytest.approx(1 / 50.0, rel=0.03)
+
+
+def check_report(path, png, synthetic):
+    data = json.loads(path.read_text())
+    assert data["synthetic"] is synthetic
+    policies = {r["policy"] for r in data["rows"]}
+    assert {"none", "static k=1", "static k=2", "static k=4", "static k=8", "goodput"} <= policies
+    assert any(p.startswith("switch_off") for p in policies)
+    assert len(data["rows"]) == len(policies) * len(data["rates"])
+    assert all(r["identical_outputs"] for r in data["rows"])
+    for r in data["rows"]:
+        assert 0 < r["latency_p50_s"] <= r["latency_p99_s"] and r["throughput_tok_s"] > 0
+    assert [c["rate"] for c in data["comparison"]] == sorted(data["rates"])
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_simulated_and_real(tiny_llama_dir, tiny_llama_draft_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
+    r = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--draft", tiny_llama_draft_dir,
+                "--requests", "6", "--max-tokens", "10", "--rates", "2,1000", "--max-num-seqs", "4",
+                "--json", tmp_path / "sim.json", "--plot", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "SYNTHETIC" in r.stdout and "goodput/best static" in r.stdout
+    check_report(tmp_path / "sim.json", tmp_path / "load_simulated.png", synthetic=True)
+    assert list((tmp_path / "cache" / "traces").glob("traces-*.json"))  # recorded once, cached
+    r = run_cli("bench", "load", "--target", tiny_llama_dir, "--method", "ngram", "--requests", "3",
+                "--max-tokens", "6", "--rates", "1000", "--max-num-seqs", "3", "--dtype", "float32",
+                "--json", tmp_path / "real.json", "--plot", tmp_path)
+    assert r.returncode == 0, r.stderr
+    check_report(tmp_path / "real.json", tmp_path / "load_real.png", synthetic=False)
+    bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--rates", "0,-1")
+    assert bad.returncode == 2 and "rates must be positive" in bad.stderr
+    bad = run_cli("bench", "load", "--target", tiny_llama_dir, "--method", "draft", "--requests", "2")
+    assert bad.returncode == 2 and "needs --draft" in bad.stderr
