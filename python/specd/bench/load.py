@@ -20,6 +20,7 @@ quantity the goodput policy maximizes).
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -205,7 +206,7 @@ def plot(rows: list[dict], path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     for policy in dict.fromkeys(r["policy"] for r in rows):
         rs = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["rate"])
         style = dict(linewidth=2.5, color="black") if policy == "goodput" else dict(linewidth=1.2)
@@ -218,7 +219,7 @@ def plot(rows: list[dict], path, title: str) -> None:
         ax.set_ylabel(f"{name} request latency (s)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 160), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
