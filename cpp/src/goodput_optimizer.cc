@@ -15,8 +15,16 @@ const SpecOption* option_of(const SpecRequest& r, int32_t option) {
                                                                              : nullptr;
 }
 
+// The quantity optimize_goodput maximizes (goodput_optimizer.h, "Objective").
+double objective(const StepCostModel& cost, double tokens, double seconds) {
+  return cost.reference_goodput > 0 ? tokens - cost.reference_goodput * seconds : tokens / seconds;
+}
+
 Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
   if (cost.target == nullptr) return error_status(StatusCode::kInvalidArgument, "optimize_goodput: no target cost model");
+  if (!(cost.reference_goodput >= 0.0) || !std::isfinite(cost.reference_goodput))
+    return error_status(StatusCode::kInvalidArgument, "optimize_goodput: reference_goodput must be finite and >= 0, got ",
+                        cost.reference_goodput);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const SpecRequest& r = requests[i];
     if (r.base_tokens < 1)
@@ -129,9 +137,9 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
       heap.push({now, i});
       continue;
     }
-    const double before = state.tokens() / state.seconds();
-    const double after = (state.tokens() + g) / std::max(state.seconds() + d, kTiny);
-    if (after <= before) break;  // the best remaining increment lowers goodput: stop
+    const double before = objective(cost, state.tokens(), state.seconds());
+    const double after = objective(cost, state.tokens() + g, std::max(state.seconds() + d, kTiny));
+    if (after <= before) break;  // the best remaining increment lowers the objective: stop
     state.take(i, g);
     if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
   }
@@ -228,9 +236,11 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
     std::vector<int32_t> k = allocate(requests, cost, option, depth);
     double tokens = 0, seconds = 0;
     SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, k, option, &tokens, &seconds));
-    if (tokens / seconds > best->goodput * (1 + 1e-12)) {
+    const double value = objective(cost, tokens, seconds);
+    if (value > best->objective + 1e-12 * std::abs(best->objective)) {
       best->k = std::move(k);
       best->option = option;
+      best->objective = value;
       best->goodput = tokens / seconds;
       best->expected_tokens = tokens;
       best->expected_seconds = seconds;
@@ -255,19 +265,21 @@ Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& c
   out->expected_tokens = tokens;
   out->expected_seconds = seconds;
   out->plain_goodput = out->goodput = tokens / seconds;
+  out->objective = objective(cost, tokens, seconds);
   if (n == 0 || !cost.target->has_data()) return Status::Ok();  // no costs yet: measure plain first
 
   // Options: candidates from the net-value rule (with and without the draft model, and
   // again at the goodput found), each allocated exactly; small steps also search options
   // one request at a time.
-  const double lambda = out->plain_goodput;
+  const double lambda = cost.reference_goodput > 0 ? cost.reference_goodput : out->plain_goodput;
   const std::vector<int32_t> first = choose_options(requests, cost, lambda, 1 << 30, true);
   const int32_t users = count_draft_users(requests, first);
   for (const auto& option : {first, choose_options(requests, cost, lambda, users, true),
                              choose_options(requests, cost, lambda, users, false)})
     SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
   const std::vector<int32_t> refined =
-      choose_options(requests, cost, out->goodput, count_draft_users(requests, out->option), true);
+      choose_options(requests, cost, cost.reference_goodput > 0 ? cost.reference_goodput : out->goodput,
+                     count_draft_users(requests, out->option), true);
   SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, refined, out));
   std::size_t total_options = 0;
   for (const SpecRequest& r : requests) total_options += r.options.size();
@@ -279,9 +291,9 @@ Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& c
           if (out->option[i] == static_cast<int32_t>(o)) continue;
           std::vector<int32_t> option = out->option;
           option[i] = static_cast<int32_t>(o);
-          const double before = out->goodput;
+          const double before = out->objective;
           SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
-          improved = improved || out->goodput > before;
+          improved = improved || out->objective > before;
         }
       }
     }

@@ -26,7 +26,7 @@ struct PyRequest {
 };
 
 py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& target, const CostModel* draft,
-                  double fixed_seconds) {
+                  double fixed_seconds, double reference_goodput) {
   std::vector<std::vector<SpecOption>> options(requests.size());
   std::vector<SpecRequest> reqs(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -39,7 +39,7 @@ py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& targe
     reqs[i] = SpecRequest{r.base_tokens, Span<const SpecOption>(options[i])};
   }
   Allocation a;
-  check(optimize_goodput(reqs, StepCostModel{&target, draft, fixed_seconds}, &a));
+  check(optimize_goodput(reqs, StepCostModel{&target, draft, fixed_seconds, reference_goodput}, &a));
   py::dict d;
   d["k"] = a.k;
   d["option"] = a.option;
@@ -47,6 +47,7 @@ py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& targe
   d["expected_seconds"] = a.expected_seconds;
   d["goodput"] = a.goodput;
   d["plain_goodput"] = a.plain_goodput;
+  d["objective"] = a.objective;
   d["draft_depth"] = a.draft_depth;
   return d;
 }
@@ -88,9 +89,10 @@ void bind_controller(py::module_& m) {
       .def("remove", &AcceptanceEstimator::remove, py::arg("request"));
 
   m.def("optimize_goodput", &optimize, py::arg("requests"), py::arg("target"), py::arg("draft") = nullptr,
-        py::arg("fixed_seconds") = 0.0,
-        "Draft tokens per request maximizing expected goodput (goodput_optimizer.h). Returns a dict with k, "
-        "option, expected_tokens, expected_seconds, goodput, plain_goodput, draft_depth.");
+        py::arg("fixed_seconds") = 0.0, py::arg("reference_goodput") = 0.0,
+        "Draft tokens per request maximizing expected goodput (goodput_optimizer.h); with reference_goodput G > 0, "
+        "maximizing E - G T instead. Returns a dict with k, option, expected_tokens, expected_seconds, goodput, "
+        "plain_goodput, objective, draft_depth.");
 }
 
 }  // namespace specd::py_bind

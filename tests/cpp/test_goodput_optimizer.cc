@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <random>
 
@@ -28,13 +29,15 @@ std::vector<double> chain_gains(const std::vector<double>& alphas) {
 double brute_force(Span<const SpecRequest> reqs, const StepCostModel& cost, std::vector<int32_t>* best_k) {
   const std::size_t n = reqs.size();
   std::vector<int32_t> k(n, 0), opt(n, 0), best_opt;
-  double best = -1;
+  double best = 0;
+  best_k->clear();
   std::function<void(std::size_t)> rec = [&](std::size_t i) {
     if (i == n) {
       double t = 0, s = 0;
       EXPECT_TRUE(evaluate_allocation(reqs, cost, k, opt, &t, &s).ok());
-      if (t / s > best) {
-        best = t / s;
+      const double value = cost.reference_goodput > 0 ? t - cost.reference_goodput * s : t / s;
+      if (best_k->empty() || value > best) {
+        best = value;
         *best_k = k;
       }
       return;
@@ -79,6 +82,61 @@ TEST(GoodputOptimizer, MatchesBruteForceOnSmallSingleOptionCases) {
   }
   EXPECT_GT(speculated, 40);  // both regimes are exercised
   EXPECT_GT(plain, 20);
+}
+
+TEST(GoodputOptimizer, ReferenceGoodputObjectiveMatchesBruteForce) {
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<double> u(0, 1);
+  int speculated = 0, plain = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const CostModel target = linear(0.002 + 0.03 * u(rng), 0.0005 + 0.01 * u(rng) * (trial % 3 == 0 ? 10 : 1));
+    const CostModel draft = linear(0.001 + 0.01 * u(rng), 0.0002 + 0.002 * u(rng));
+    const std::size_t n = 1 + rng() % 3;
+    std::vector<std::vector<double>> gains(n);
+    std::vector<SpecOption> options(n);
+    std::vector<SpecRequest> reqs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> alphas(1 + rng() % 4);
+      for (double& a : alphas) a = u(rng);
+      gains[i] = chain_gains(alphas);
+      options[i] = SpecOption{gains[i], (rng() % 2) == 0, 1 + static_cast<int32_t>(rng() % 3)};
+      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % 40), Span<const SpecOption>(&options[i], 1)};
+    }
+    StepCostModel cost{&target, &draft, 0.001 * u(rng)};
+    Allocation plain_step;
+    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &plain_step));
+    cost.reference_goodput = plain_step.plain_goodput * (0.5 + 2.0 * u(rng));  // a price around this step's rate
+    Allocation a;
+    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    std::vector<int32_t> best_k;
+    const double best = brute_force(reqs, cost, &best_k);
+    EXPECT_NEAR(a.objective, best, 1e-9 * std::max(1.0, std::abs(best))) << "trial " << trial;
+    double t = 0, s = 0;
+    SPECD_ASSERT_OK(evaluate_allocation(reqs, cost, a.k, a.option, &t, &s));
+    EXPECT_NEAR(a.objective, t - cost.reference_goodput * s, 1e-9 * std::max(1.0, t));
+    (std::any_of(a.k.begin(), a.k.end(), [](int32_t k) { return k > 0; }) ? speculated : plain)++;
+  }
+  EXPECT_GT(speculated, 40);
+  EXPECT_GT(plain, 20);
+}
+
+TEST(GoodputOptimizer, ReferenceGoodputStopsOverDraftingInPrefillSteps) {
+  // A decode batch of 8 with a 300-token prompt prefilled in the same step: the step is slow
+  // anyway, so its own goodput makes deep drafts look cheap. Priced at the decode-only
+  // step's goodput, it drafts as the decode-only step does.
+  const CostModel target = linear(0.020, 0.00025), draft = linear(0.004, 0.00005);
+  const std::vector<double> gains = chain_gains({0.8, 0.8, 0.85, 0.85, 0.9, 0.8, 0.6, 0.5});
+  const SpecOption opt{gains, true, 1};
+  std::vector<SpecRequest> decode(8, SpecRequest{1, Span<const SpecOption>(&opt, 1)});
+  std::vector<SpecRequest> with_prefill = decode;
+  with_prefill.push_back(SpecRequest{300, {}});
+  Allocation steady, own, priced;
+  SPECD_ASSERT_OK(optimize_goodput(decode, StepCostModel{&target, &draft, 0.0005}, &steady));
+  SPECD_ASSERT_OK(optimize_goodput(with_prefill, StepCostModel{&target, &draft, 0.0005}, &own));
+  SPECD_ASSERT_OK(optimize_goodput(with_prefill, StepCostModel{&target, &draft, 0.0005, steady.goodput}, &priced));
+  EXPECT_GT(own.draft_depth, steady.draft_depth);      // the step's own ratio over-drafts
+  EXPECT_EQ(priced.draft_depth, steady.draft_depth);   // priced at the decode rate it does not
+  EXPECT_EQ(std::vector<int32_t>(priced.k.begin(), priced.k.begin() + 8), steady.k);
 }
 
 TEST(GoodputOptimizer, PicksAGoodProposerPerRequest) {
@@ -144,6 +202,12 @@ TEST(GoodputOptimizer, ValidatesInput) {
   const SpecOption bad{rising, false, 1};
   const std::vector<SpecRequest> r1{{1, Span<const SpecOption>(&bad, 1)}};
   SPECD_EXPECT_CODE(optimize_goodput(r1, StepCostModel{&target, nullptr, 0}, &a), kInvalidArgument);
+  const std::vector<double> falling{0.5, 0.2};
+  const SpecOption fine{falling, false, 1};
+  const std::vector<SpecRequest> good{{1, Span<const SpecOption>(&fine, 1)}};
+  SPECD_ASSERT_OK(optimize_goodput(good, StepCostModel{&target, nullptr, 0, 10.0}, &a));
+  SPECD_EXPECT_CODE(optimize_goodput(good, StepCostModel{&target, nullptr, 0, -1.0}, &a), kInvalidArgument);
+  SPECD_EXPECT_CODE(optimize_goodput(good, StepCostModel{&target, nullptr, 0, std::nan("")}, &a), kInvalidArgument);
   const std::vector<double> ok{0.5};
   const SpecOption draft_opt{ok, true, 1};
   const std::vector<SpecRequest> r2{{1, Span<const SpecOption>(&draft_opt, 1)}};

@@ -15,6 +15,17 @@
 //   such request's catch-up tokens (draft_base_i). T_draft = sum_j draft.predict(tokens_j).
 // - T = fixed_seconds + T_target + T_draft.
 //
+// Objective
+// - reference_goodput == 0: maximize the step's own goodput E / T.
+// - reference_goodput = G > 0 (tokens per second): maximize E - G * T, the step's
+//   contribution to the long-run goodput sum(E) / sum(T) over many steps when the other
+//   steps run at G: a change (dE, dT) to this step raises the long-run ratio iff dE > G dT.
+//   The caller passes the goodput of the batch's typical (decode-only) step. This matters
+//   in atypical steps: a step that also prefills a prompt is slow anyway, so its own E / T
+//   is low and would make every draft look cheap; priced at G, drafts are bought only where
+//   they pay at the rate the batch's tokens are worth. When G equals this step's optimal
+//   E / T the two objectives have the same optimum (Dinkelbach).
+//
 // Solution (exact for linear costs, checked by brute force in the tests)
 // - For each draft depth K in 0..max, the draft loop's first-token-of-forward costs are paid
 //   up front. Increments are then taken greedily in order of marginal gain per marginal
@@ -23,7 +34,7 @@
 //   exactly and the best is kept; k_i = 0 for all is always a candidate, so the answer is
 //   never predicted to be slower than plain decoding.
 // - Requests may offer several options (proposers). Options are chosen by each option's net
-//   value sum_j max(0, g_j - lambda c_j) at goodput lambda (a draft-model option also pays
+//   value sum_j max(0, g_j - lambda c_j) at goodput lambda (the reference goodput when given) (a draft-model option also pays
 //   its share of the draft forwards' fixed cost); candidates with and without the draft
 //   model, and again at the goodput found, are each allocated exactly and the best kept.
 //   Steps with at most 64 (request, option) pairs also search options one request at a time
@@ -56,6 +67,7 @@ struct StepCostModel {
   const CostModel* target = nullptr;  // required
   const CostModel* draft = nullptr;   // required when an option uses the draft model
   double fixed_seconds = 0.0;         // per-step overhead outside the forwards
+  double reference_goodput = 0.0;     // tokens/s; > 0 selects the objective E - G T (above)
 };
 
 struct Allocation {
@@ -65,6 +77,7 @@ struct Allocation {
   double expected_seconds = 0;
   double goodput = 0;            // expected_tokens / expected_seconds (0 when unknown)
   double plain_goodput = 0;      // the same with every k = 0
+  double objective = 0;          // the maximized quantity: goodput, or E - G T
   int32_t draft_depth = 0;       // K: draft-model forwards of the step
 };
 
