@@ -1,0 +1,120 @@
+// The CUDA tree-attention kernel against the CPU reference on random batches: fp32, fp16 and
+// bf16 (inputs rounded on the host, the reference computed from the rounded values), head_dim
+// from 1 to 256, GQA groups, trees past 64 nodes (two mask words), causal (no mask), wider
+// q/out token strides, and keys past the block table (skipped by both). Tolerances: fp32 1e-4,
+// fp16 4e-3, bf16 3e-2 (relative to 1 + |expected|: the output is rounded to the dtype and the
+// kernel accumulates in float). Skips without a CUDA device; argument validation runs anyway.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "specd/cuda/tree_attention.h"
+#include "specd/tree_attention.h"
+#include "tree_attention_test_util.h"
+
+namespace specd::testing {
+namespace {
+
+double tolerance(KvDtype dtype) {
+  return dtype == KvDtype::kFloat32 ? 1e-4 : dtype == KvDtype::kFloat16 ? 4e-3 : 3e-2;
+}
+
+// Runs one batch in `dtype` on the device and through the CPU reference; compares.
+void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_stride, const char* label) {
+  const int64_t esize = kv_dtype_size(dtype);
+  const int32_t dim = b.cache.layout.head_dim;
+  const int64_t row = int64_t{b.q_heads} * dim, stride = row + extra_stride;
+  const int32_t tokens = b.query_start.back();
+  // q with the wider stride (padding filled with garbage the kernel must not read into out).
+  std::vector<float> q_strided(static_cast<std::size_t>(tokens * stride), 1e4f);
+  for (int32_t t = 0; t < tokens; ++t)
+    for (int64_t e = 0; e < row; ++e)
+      q_strided[static_cast<std::size_t>(t * stride + e)] = b.q[static_cast<std::size_t>(t * row + e)];
+  std::vector<float> q_rounded, k_rounded, v_rounded;
+  const std::vector<unsigned char> q_bytes = encode_floats(q_strided, dtype, &q_rounded);
+  const std::vector<unsigned char> k_bytes = encode_floats(b.cache.k, dtype, &k_rounded);
+  const std::vector<unsigned char> v_bytes = encode_floats(b.cache.v, dtype, &v_rounded);
+  b.cache.k = k_rounded;
+  b.cache.v = v_rounded;
+
+  std::vector<float> want;
+  TreeAttentionParams p = attn_params(b, &want, with_mask);
+  want.assign(static_cast<std::size_t>(tokens * stride), 0.f);
+  p.q = q_rounded.data();
+  p.q_token_stride = stride;
+  p.out = want.data();
+  p.out_token_stride = stride;
+  ASSERT_TRUE(tree_attention_cpu(p).ok());
+
+  const std::vector<unsigned char> out_init(static_cast<std::size_t>(tokens * stride * esize), 0);
+  DeviceBuffer<unsigned char> d_q(q_bytes), d_k(k_bytes), d_v(v_bytes), d_out(out_init);
+  DeviceBuffer<int32_t> d_table(b.cache.table), d_start(b.query_start), d_lens(b.kv_lens);
+  DeviceBuffer<uint64_t> d_mask(b.mask);
+  ASSERT_TRUE(d_q.get() && d_k.get() && d_v.get() && d_out.get() && d_table.get() && d_start.get() &&
+              d_lens.get() && d_mask.get());
+  p.dtype = dtype;
+  p.q = d_q.get();
+  p.k_cache = d_k.get();
+  p.v_cache = d_v.get();
+  p.out = d_out.get();
+  p.block_table = d_table.get();
+  p.query_start = d_start.get();
+  p.kv_lens = d_lens.get();
+  p.tree_mask = with_mask ? d_mask.get() : nullptr;
+  SPECD_CUDA_OK(cuda::tree_attention(p, nullptr));
+  SPECD_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<float> got = decode_floats(d_out.to_host(), dtype);
+  ASSERT_EQ(got.size(), want.size());
+  const double tol = tolerance(dtype);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
+        << label << " dtype " << kv_dtype_name(dtype) << " element " << i << " of " << got.size();
+}
+
+TEST(TreeAttentionCuda, MatchesCpuReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(53);
+  const int32_t dims[] = {1, 7, 32, 64, 80, 128, 256};
+  for (int trial = 0; trial < 42; ++trial) {
+    const int32_t dim = dims[trial % 7];
+    const int32_t max_drafts = trial % 6 == 5 ? 80 : 1 + static_cast<int32_t>(rng() % 16);
+    const int32_t history = trial % 4 == 3 ? 1000 : 60;
+    AttnBatch b = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 6), max_drafts,
+                                    1 + static_cast<int32_t>(rng() % 4), dim, history);
+    for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
+      const std::string label = "trial " + std::to_string(trial);
+      check_batch(b, dtype, /*with_mask=*/trial % 5 != 4, /*extra_stride=*/trial % 3 == 0 ? 3 : 0, label.c_str());
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(TreeAttentionCuda, SkipsKeysPastTheBlockTableLikeTheReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(59);
+  AttnBatch b = random_attn_batch(rng, 3, 6, 2, 64, 30);
+  b.kv_lens[1] = b.cache.width * b.cache.layout.block_size + 5;  // last 5 positions uncovered
+  check_batch(b, KvDtype::kFloat32, true, 0, "uncovered keys");
+}
+
+TEST(TreeAttentionCuda, RejectsUnsupportedShapesWithoutLaunching) {
+  std::mt19937 rng(61);
+  const AttnBatch b = random_attn_batch(rng, 1, 2, 1, 8, 4);
+  std::vector<float> out;
+  TreeAttentionParams p = attn_params(b, &out);
+  EXPECT_TRUE(cuda::validate_tree_attention_launch(p).ok());
+  p.layout.head_dim = cuda::kTreeAttentionMaxHeadDim + 1;
+  p.layout.page_stride = int64_t{p.layout.block_size} * p.layout.kv_heads * p.layout.head_dim;
+  p.q_token_stride = p.out_token_stride = int64_t{p.q_heads} * p.layout.head_dim;
+  EXPECT_FALSE(cuda::validate_tree_attention_launch(p).ok());
+  EXPECT_EQ(cuda::tree_attention(p, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace specd::testing
