@@ -91,7 +91,7 @@ def test_each_request_gets_the_better_proposer(setup):
 def test_switch_off_speculates_only_in_small_batches(setup):
     target, _, good_draft, prompts, baseline = setup
     spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=3, policy="switch_off", switch_off_batch=2)
-    llm = specd.LLM(target, good_draft, spec, max_num_seqs=8)
+    llm = specd.LLM(target, good_draft, spec, max_num_seqs=3)  # 8 prompts: batches of 3, 3, then 2
     outs = llm.generate(prompts, greedy(max_tokens=40))
     assert [o.token_ids for o in outs] == baseline
     ks = [k for o in outs for k in o.metrics.k_per_step]

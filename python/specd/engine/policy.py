@@ -1,10 +1,14 @@
 """Speculation policies: how many draft tokens (k) each request gets in each step, and with
 which proposer when several are configured.
 
-The scheduler asks the policy once per step, for the requests about to run
-(:meth:`SpeculationPolicy.decide`). It then reports what happened: per request, how deep the
-proposal went and how many drafts were accepted (:meth:`observe`); per forward pass, how
-many tokens it processed and how long it took (:meth:`observe_forward`). k = 0 means plain
+The scheduler asks the policy once per step, for the requests about to run and the waiting
+ones it may admit (:meth:`SpeculationPolicy.decide`). It then reports what happened: per
+request, how deep the proposal went and how many drafts were accepted (:meth:`observe`);
+per forward pass, how
+many tokens it processed and how long it took (:meth:`observe_forward`). Two optional hooks
+are called when a policy defines them: ``observe_load(waiting, max_batch)`` before decide
+(requests queued beyond the step's batch, and the batch limit) and
+``observe_overhead(seconds)`` after each step (its time outside the forwards). k = 0 means plain
 decoding. The engine caps k by what a request may still emit and by the context limit.
 
 Built-in policies: ``none``, ``static`` (fixed k), ``switch_off`` (fixed k while the batch is

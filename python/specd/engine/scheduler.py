@@ -14,13 +14,16 @@ Rules
 - Reservations (target, and draft when the draft model runs) are made here; if the pool is
   out of pages, the newest running request is preempted (its KV freed, recomputed later
   from its tokens) until the reservation fits. Older requests are never preempted for newer.
-- k and the proposer per request come from the policy (one decide() call per step for the
-  running batch), capped so that the step cannot emit past max_tokens or the context limit.
+- k and the proposer per request come from the policy: one decide() call per step for the
+  running batch and the waiting requests that may be admitted (a policy with observe_load
+  also hears how many more are queued and the batch limit); k is capped so that the step
+  cannot emit past max_tokens or the context limit.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -82,8 +85,13 @@ class Scheduler:
     def schedule(self) -> list[WorkItem]:
         budget = self.config.max_num_batched_tokens
         items: list[WorkItem] = []
-        batch = [self._step_request(r) for r in self.running]
-        decisions = dict(zip((r.id for r in self.running), self.policy.decide(batch)))
+        # One decision per step for the running batch and the waiting requests it may admit.
+        candidates = list(islice(self.waiting, max(0, self.config.max_num_seqs - len(self.running))))
+        observe_load = getattr(self.policy, "observe_load", None)
+        if observe_load is not None:
+            observe_load(len(self.waiting) - len(candidates), self.config.max_num_seqs)
+        batch = [self._step_request(r) for r in self.running + candidates]
+        decisions = dict(zip((s.request.id for s in batch), self.policy.decide(batch)))
         i = 0
         while i < len(self.running):
             req = self.running[i]
@@ -98,8 +106,7 @@ class Scheduler:
             i += 1
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             req = self.waiting[0]
-            decision = self.policy.decide(batch + [self._step_request(req)])[-1]
-            item = self._plan(req, budget, decision)
+            item = self._plan(req, budget, decisions.get(req.id))
             if item is None or not self._admit(req, item):
                 break
             self.waiting.popleft()
