@@ -4,12 +4,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <string>
 #include <vector>
 
 #include "errors.h"
 #include "numpy_util.h"
 #include "specd/acceptance_estimator.h"
 #include "specd/cost_model.h"
+#include "specd/goodput_controller.h"
 #include "specd/goodput_optimizer.h"
 
 namespace py = pybind11;
@@ -93,6 +95,53 @@ void bind_controller(py::module_& m) {
         "Draft tokens per request maximizing expected goodput (goodput_optimizer.h); with reference_goodput G > 0, "
         "maximizing E - G T instead. Returns a dict with k, option, expected_tokens, expected_seconds, goodput, "
         "plain_goodput, objective, draft_depth.");
+
+  py::class_<GoodputController>(m, "GoodputController",
+                                "Per-step k and proposer per request maximizing goodput, learned online "
+                                "(goodput_controller.h).")
+      .def(py::init([](std::vector<bool> proposer_uses_draft, int32_t k_max) {
+        return GoodputController(GoodputControllerConfig{std::move(proposer_uses_draft), k_max, 0.9, {}});
+      }), py::arg("proposer_uses_draft"), py::arg("k_max") = 8)
+      .def("decide", [](GoodputController& c, const std::vector<int64_t>& ids, const std::vector<int32_t>& base_tokens,
+                        const std::vector<int32_t>& k_max, const std::vector<int32_t>& draft_catch_up,
+                        const std::vector<int64_t>& remaining_tokens) {
+        const std::size_t n = ids.size();
+        if (base_tokens.size() != n || k_max.size() != n || draft_catch_up.size() != n || remaining_tokens.size() != n)
+          raise_status(error_status(StatusCode::kInvalidArgument, "GoodputController.decide: the five lists must "
+                                    "have one entry per request"));
+        std::vector<ControllerRequest> batch(n);
+        for (std::size_t i = 0; i < n; ++i)
+          batch[i] = ControllerRequest{ids[i], base_tokens[i], k_max[i], draft_catch_up[i], remaining_tokens[i]};
+        std::vector<ControllerDecision> out;
+        check(c.decide(batch, &out));
+        std::vector<int32_t> k(n), proposer(n);
+        std::vector<double> predicted(n);
+        for (std::size_t i = 0; i < n; ++i) {
+          k[i] = out[i].k;
+          proposer[i] = out[i].proposer;
+          predicted[i] = out[i].predicted_tokens;
+        }
+        return py::make_tuple(k, proposer, predicted);
+      }, py::arg("ids"), py::arg("base_tokens"), py::arg("k_max"), py::arg("draft_catch_up"),
+         py::arg("remaining_tokens"), "Returns (k, proposer, predicted_tokens) lists; proposer -1 where k == 0.")
+      .def("observe", [](GoodputController& c, int64_t id, int32_t proposer, int32_t depth, int32_t accepted) {
+        check(c.observe(id, proposer, depth, accepted));
+      }, py::arg("request"), py::arg("proposer"), py::arg("depth"), py::arg("accepted"))
+      .def("observe_forward", [](GoodputController& c, const std::string& model, int64_t tokens, double seconds) {
+        if (model != "target" && model != "draft")
+          raise_status(error_status(StatusCode::kInvalidArgument, "model must be 'target' or 'draft', got '", model, "'"));
+        check(c.observe_forward(model == "target" ? ForwardKind::kTarget : ForwardKind::kDraft, tokens, seconds));
+      }, py::arg("model"), py::arg("tokens"), py::arg("seconds"))
+      .def("observe_overhead", &GoodputController::observe_overhead, py::arg("seconds"))
+      .def("observe_load", &GoodputController::observe_load, py::arg("waiting"), py::arg("max_batch"))
+      .def("forget", &GoodputController::forget, py::arg("request"), py::arg("generated_tokens"))
+      .def("forecast_batch", [](const GoodputController& c, int32_t current) {
+        return c.load().batch(current, c.target_costs());
+      }, py::arg("current"), "The load forecast's decode batch (load_forecast.h).")
+      .def_property_readonly("overhead", &GoodputController::overhead)
+      .def_property_readonly("estimator", &GoodputController::estimator, py::return_value_policy::reference_internal)
+      .def_property_readonly("target_costs", &GoodputController::target_costs, py::return_value_policy::reference_internal)
+      .def_property_readonly("draft_costs", &GoodputController::draft_costs, py::return_value_policy::reference_internal);
 }
 
 }  // namespace specd::py_bind

@@ -1,0 +1,107 @@
+// Goodput controller: per step and per request, the number of draft tokens k (0 included)
+// and the proposer, maximizing expected goodput from acceptance and costs learned online
+// (vLLM RFC #4565 / SmartSpec, automated end to end). It owns the AcceptanceEstimator, the
+// target and draft CostModels, the step-overhead average and the LoadForecast, and asks
+// optimize_goodput (goodput_optimizer.h) for each step's allocation. docs/controller.md has
+// the maths; the Python GoodputPolicy is a thin adapter over this class.
+//
+// Per step (decide)
+// 1. Every request of the batch is an arrival for the LoadForecast the first time it is seen.
+// 2. Gains: for request i and proposer p, g_j = prod_{m<=j} alpha_m (the estimator's
+//    per-request, per-depth acceptance), for j up to min(config k_max, request k_max).
+// 3. The typical step: the same requests decode only (base 1) with every draft in sync
+//    (draft base 1); its optimal goodput G* is the step's price of time.
+// 4. Catch-up: a request whose draft has tokens to catch up (draft_catch_up > 1) may use a
+//    draft-model proposer only if the investment pays: in the steady plan at the forecast
+//    batch (requests beyond today's batch at the proposers' prior acceptance), the request
+//    drafts k tokens with that proposer for D extra tokens per step at marginal time d; with
+//    G that plan's goodput and S = remaining_tokens / (1 + D) steps left, invest iff
+//    S (D / G - d) > the batch's wait for the catch-up. Requests in sync always may draft.
+// 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
+//    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
+//    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
+// Before the target has cost data every k is 0 (plain decoding is the first measurement).
+//
+// Feedback: observe() after each verification, observe_forward() after each forward,
+// observe_overhead() once per step, observe_load() before decide(), forget() at the end of
+// a request.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "specd/acceptance_estimator.h"
+#include "specd/cost_model.h"
+#include "specd/goodput_optimizer.h"
+#include "specd/load_forecast.h"
+#include "specd/proposer.h"
+#include "specd/span.h"
+#include "specd/status.h"
+
+namespace specd {
+
+struct GoodputControllerConfig {
+  std::vector<bool> proposer_uses_draft;  // [num proposers] true for the draft model (at most one)
+  int32_t k_max = 8;                      // the largest k of any request
+  double overhead_decay = 0.9;            // weight kept by the step-overhead average
+  AcceptanceEstimatorConfig acceptance;
+};
+
+// One request of a step as the controller sees it.
+struct ControllerRequest {
+  RequestId id = 0;
+  int32_t base_tokens = 1;              // tokens the target verifies for it anyway (prefix + root)
+  int32_t k_max = 0;                    // its cap (config, max_tokens, context)
+  int32_t draft_catch_up = 1;           // tokens its first draft-model forward would process
+  int64_t remaining_tokens = 1 << 30;   // tokens it may still generate
+};
+
+struct ControllerDecision {
+  int32_t k = 0;
+  int32_t proposer = -1;          // -1 when k == 0
+  double predicted_tokens = 1.0;  // expected tokens this step yields for the request
+};
+
+enum class ForwardKind : int32_t { kTarget = 0, kDraft = 1 };
+
+class GoodputController {
+ public:
+  // Invalid configs (no proposers, more than one draft-model proposer, k_max < 0) make every
+  // call return kInvalidArgument with the reason.
+  explicit GoodputController(GoodputControllerConfig config);
+
+  // decisions_out[i] for batch[i].
+  Status decide(Span<const ControllerRequest> batch, std::vector<ControllerDecision>* decisions_out);
+
+  Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
+  Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
+  void observe_overhead(double seconds);
+  void observe_load(int64_t waiting, int32_t max_batch) { load_.queue(waiting, max_batch); }
+  void forget(RequestId id, int64_t generated_tokens);
+
+  int32_t num_proposers() const { return static_cast<int32_t>(config_.proposer_uses_draft.size()); }
+  const AcceptanceEstimator& estimator() const { return estimator_; }
+  const CostModel& target_costs() const { return target_; }
+  const CostModel& draft_costs() const { return draft_; }
+  double overhead() const { return overhead_; }
+  const LoadForecast& load() const { return load_; }
+
+ private:
+  Status validate_config() const;
+  bool uses_draft() const { return draft_proposer_ >= 0; }
+  StepCostModel costs(double reference) const;
+  std::vector<std::vector<double>> gains(RequestId id, int32_t cap) const;
+  std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
+                                      const std::vector<std::vector<std::vector<double>>>& gains,
+                                      const Allocation& steady) const;
+
+  GoodputControllerConfig config_;
+  int32_t draft_proposer_ = -1;
+  AcceptanceEstimator estimator_;
+  CostModel target_, draft_;
+  double overhead_ = 0.0;
+  int64_t steps_ = 0;
+  LoadForecast load_;
+};
+
+}  // namespace specd

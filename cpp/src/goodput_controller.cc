@@ -1,0 +1,218 @@
+// Goodput controller: the per-step rules of goodput_controller.h.
+#include "specd/goodput_controller.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace specd {
+namespace {
+
+constexpr RequestId kUnseen = -1;  // a request id the estimator has not seen: its answers are the priors
+
+using Gains = std::vector<std::vector<double>>;  // [proposer][draft] expected gain of each draft
+
+// The optimizer's view of a step; owns the storage its spans point into.
+struct StepProblem {
+  std::vector<std::vector<SpecOption>> options;
+  std::vector<SpecRequest> requests;
+
+  void add(int32_t base_tokens, const Gains& gains, const std::vector<bool>& uses_draft,
+           const std::vector<int32_t>& draft_base, const std::vector<bool>& allowed) {
+    std::vector<SpecOption> opts;
+    for (std::size_t p = 0; p < gains.size(); ++p) {
+      const Span<const double> g = allowed[p] ? Span<const double>(gains[p]) : Span<const double>();
+      opts.push_back(SpecOption{g, uses_draft[p], draft_base[p]});
+    }
+    options.push_back(std::move(opts));
+    requests.push_back(SpecRequest{base_tokens, {}});
+  }
+  // Spans are taken once every request was added (the vectors no longer move).
+  Span<const SpecRequest> finish() {
+    for (std::size_t i = 0; i < requests.size(); ++i) requests[i].options = Span<const SpecOption>(options[i]);
+    return Span<const SpecRequest>(requests);
+  }
+};
+
+double sum_first(const std::vector<double>& g, int32_t k) {
+  double s = 0;
+  for (int32_t j = 0; j < k && static_cast<std::size_t>(j) < g.size(); ++j) s += g[static_cast<std::size_t>(j)];
+  return s;
+}
+
+}  // namespace
+
+GoodputController::GoodputController(GoodputControllerConfig config)
+    : config_(std::move(config)),
+      estimator_(config_.acceptance, std::max<int32_t>(1, static_cast<int32_t>(config_.proposer_uses_draft.size()))) {
+  for (std::size_t p = 0; p < config_.proposer_uses_draft.size(); ++p)
+    if (config_.proposer_uses_draft[p] && draft_proposer_ < 0) draft_proposer_ = static_cast<int32_t>(p);
+}
+
+Status GoodputController::validate_config() const {
+  if (config_.proposer_uses_draft.empty())
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: no proposers configured");
+  if (std::count(config_.proposer_uses_draft.begin(), config_.proposer_uses_draft.end(), true) > 1)
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: at most one proposer may use the draft model");
+  if (config_.k_max < 0)
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: k_max must be >= 0, got ", config_.k_max);
+  if (!(config_.overhead_decay >= 0.0 && config_.overhead_decay < 1.0))
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: overhead_decay must be in [0, 1)");
+  return Status::Ok();
+}
+
+StepCostModel GoodputController::costs(double reference) const {
+  return StepCostModel{&target_, uses_draft() ? &draft_ : nullptr, overhead_, reference};
+}
+
+std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap) const {
+  Gains out(static_cast<std::size_t>(num_proposers()));
+  if (cap <= 0) return out;
+  std::vector<double> alphas(static_cast<std::size_t>(std::min(cap, estimator_.max_depth())));
+  for (int32_t p = 0; p < num_proposers(); ++p) {
+    if (!estimator_.alphas(id, p, Span<double>(alphas)).ok()) continue;
+    double prod = 1.0;
+    for (double a : alphas) out[static_cast<std::size_t>(p)].push_back(prod *= a);
+  }
+  return out;
+}
+
+Status GoodputController::decide(Span<const ControllerRequest> batch, std::vector<ControllerDecision>* decisions_out) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  for (const ControllerRequest& r : batch) {
+    if (r.base_tokens < 1)
+      return error_status(StatusCode::kInvalidArgument, "request ", r.id, ": base_tokens must be >= 1");
+    if (r.draft_catch_up < 0 || r.k_max < 0 || r.remaining_tokens < 0)
+      return error_status(StatusCode::kInvalidArgument, "request ", r.id,
+                          ": k_max, draft_catch_up and remaining_tokens must be >= 0");
+  }
+  const std::size_t n = batch.size();
+  decisions_out->assign(n, ControllerDecision{});
+  for (const ControllerRequest& r : batch) load_.arrive(r.id, r.base_tokens, r.remaining_tokens);
+  if (n == 0) return Status::Ok();
+
+  std::vector<Gains> all(n);
+  for (std::size_t i = 0; i < n; ++i) all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max));
+  const std::vector<bool> all_allowed(static_cast<std::size_t>(num_proposers()), true);
+  const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
+
+  // The typical step: decode only, every draft in sync. Its optimal goodput prices this step.
+  StepProblem typical_step;
+  for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, in_sync, all_allowed);
+  Allocation steady;
+  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_step.finish(), costs(0.0), &steady));
+  const bool typical = std::all_of(batch.begin(), batch.end(), [](const ControllerRequest& r) {
+    return r.base_tokens == 1 && r.draft_catch_up <= 1;
+  });
+
+  Allocation plan;
+  if (typical) {
+    plan = std::move(steady);
+  } else {
+    const std::vector<bool> invest = worth_catching_up(batch, all, steady);
+    StepProblem step;
+    for (std::size_t i = 0; i < n; ++i) {
+      const ControllerRequest& r = batch[i];
+      std::vector<bool> allowed(all_allowed);
+      std::vector<int32_t> base(static_cast<std::size_t>(num_proposers()), 1);
+      const int64_t behind = std::max(0, r.draft_catch_up - 1);
+      for (int32_t p = 0; p < num_proposers(); ++p) {
+        const auto& g = all[i][static_cast<std::size_t>(p)];
+        if (config_.proposer_uses_draft[static_cast<std::size_t>(p)] && !invest[i]) allowed[static_cast<std::size_t>(p)] = false;
+        // The catch-up, paid once, is charged spread over the steps the request still has.
+        const double steps_left = std::max(1.0, static_cast<double>(r.remaining_tokens) / (1.0 + sum_first(g, static_cast<int32_t>(g.size()))));
+        base[static_cast<std::size_t>(p)] = 1 + static_cast<int32_t>(std::ceil(static_cast<double>(behind) / steps_left));
+      }
+      step.add(r.base_tokens, all[i], config_.proposer_uses_draft, base, allowed);
+    }
+    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(steady.goodput), &plan));
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    ControllerDecision& d = (*decisions_out)[i];
+    d.k = plan.k[i];
+    d.proposer = d.k > 0 ? plan.option[i] : -1;
+    d.predicted_tokens = 1.0 + (d.k > 0 ? sum_first(all[i][static_cast<std::size_t>(d.proposer)], d.k) : 0.0);
+  }
+  return Status::Ok();
+}
+
+std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequest> batch,
+                                                       const std::vector<Gains>& all, const Allocation& steady) const {
+  const std::size_t n = batch.size();
+  std::vector<int64_t> behind(n);
+  bool any = false;
+  for (std::size_t i = 0; i < n; ++i) any |= (behind[i] = std::max(0, batch[i].draft_catch_up - 1)) > 0;
+  if (!uses_draft() || !any) return std::vector<bool>(n, true);
+
+  // The steady plan at the forecast batch: today's requests plus typical new ones.
+  const int32_t forecast = load_.batch(static_cast<int32_t>(n), target_);
+  Allocation forecast_plan;
+  const Allocation* plan = &steady;
+  if (static_cast<std::size_t>(forecast) > n) {
+    int32_t cap = 0;
+    for (const Gains& g : all) cap = std::max(cap, static_cast<int32_t>(g[0].size()));
+    const Gains prior = gains(kUnseen, cap);
+    const std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
+    const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
+    StepProblem future;
+    for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);
+    for (std::size_t i = n; i < static_cast<std::size_t>(forecast); ++i)
+      future.add(1, prior, config_.proposer_uses_draft, in_sync, allowed);
+    if (optimize_goodput(future.finish(), costs(0.0), &forecast_plan).ok()) plan = &forecast_plan;
+  }
+  const int32_t d = draft_proposer_;
+  const double goodput = plan->goodput;
+  int64_t verified = forecast, users = 0;
+  for (std::size_t i = 0; i < plan->k.size(); ++i) {
+    verified += plan->k[i];
+    users += (plan->k[i] > 0 && plan->option[i] == d) ? 1 : 0;
+  }
+  const double draft_token = std::max(0.0, draft_.predict(users + 1) - draft_.predict(users));
+  // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
+  // do, scaled by the two models' forward times.
+  const double ratio = target_.predict(1) > 0 ? draft_.predict(1) / target_.predict(1) : 0.0;
+  std::vector<bool> invest(n, false);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (behind[i] == 0) {
+      invest[i] = true;
+      continue;
+    }
+    const int32_t k = plan->k[i];
+    if (plan->option[i] != d || k == 0 || goodput <= 0) continue;
+    const double extra = sum_first(all[i][static_cast<std::size_t>(d)], k);
+    const double delta = std::max(0.0, target_.predict(verified) - target_.predict(verified - k)) + k * draft_token;
+    const double per_step = extra / goodput - delta;
+    const double steps_left = static_cast<double>(batch[i].remaining_tokens) / (1.0 + extra);
+    const int64_t base = users + 1;
+    const double wait = std::max({draft_.predict(base + behind[i]) - draft_.predict(base),
+                                  ratio * (target_.predict(verified + behind[i]) - target_.predict(verified)), 0.0});
+    invest[i] = steps_left * per_step > wait;
+  }
+  return invest;
+}
+
+Status GoodputController::observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  if (depth <= 0) return Status::Ok();
+  return estimator_.observe(id, proposer, depth, accepted);
+}
+
+Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, double seconds) {
+  load_.tick(seconds);
+  if (tokens <= 0) return Status::Ok();
+  return (kind == ForwardKind::kTarget ? target_ : draft_).observe(tokens, seconds);
+}
+
+void GoodputController::observe_overhead(double seconds) {
+  load_.tick(seconds);
+  const double keep = steps_ > 0 ? config_.overhead_decay : 0.0;
+  overhead_ = keep * overhead_ + (1 - keep) * std::max(0.0, seconds);
+  ++steps_;
+}
+
+void GoodputController::forget(RequestId id, int64_t generated_tokens) {
+  estimator_.remove(id);
+  load_.finish(id, generated_tokens);
+}
+
+}  // namespace specd

@@ -1,0 +1,174 @@
+// GoodputController and LoadForecast: the controller's per-step rules end to end on synthetic
+// streams (no engine): a useless proposer goes to k = 0, a good one is used where
+// verification is cheap and dropped where it is compute-bound, catch-ups are refused under
+// a forecast saturating load, and the forecast follows Little's law.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "block_manager_test_util.h"
+#include "specd/goodput_controller.h"
+#include "specd/load_forecast.h"
+
+namespace specd {
+namespace {
+
+// Seconds of a forward: flat to the knee, then linear (a memory-bound GPU).
+double knee_seconds(int64_t tokens, double base, int64_t knee, double per_token) {
+  return base + static_cast<double>(std::max<int64_t>(0, tokens - knee)) * per_token;
+}
+
+void teach(GoodputController* c, double target_base, double per_token, double draft_base) {
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024}) {
+      SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kTarget, n, knee_seconds(n, target_base, 64, per_token)));
+      SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, knee_seconds(n, draft_base, 64, per_token / 5)));
+    }
+  c->observe_overhead(0.0005);
+}
+
+CostModel flat_target() {
+  CostModel c;
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024})
+      EXPECT_TRUE(c.observe(n, knee_seconds(n, 0.020, 64, 0.00025)).ok());
+  return c;
+}
+
+std::vector<ControllerRequest> decode_batch(int n, int32_t k_max, int32_t catch_up = 1, RequestId first = 0) {
+  std::vector<ControllerRequest> b;
+  for (int i = 0; i < n; ++i) b.push_back(ControllerRequest{first + i, 1, k_max, catch_up, 200});
+  return b;
+}
+
+// Feeds `steps` verifications per request where each depth is accepted with probability
+// `alpha` (deterministically: the first round(alpha * 10) of every 10 draws).
+void run_steps(GoodputController* c, std::vector<ControllerRequest> batch, double alpha, int steps,
+               std::vector<int32_t>* ks) {
+  int draw = 0;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<ControllerDecision> d;
+    SPECD_ASSERT_OK(c->decide(batch, &d));
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      ks->push_back(d[i].k);
+      if (d[i].k == 0) continue;
+      int accepted = 0;
+      while (accepted < d[i].k && (draw++ % 10) < static_cast<int>(alpha * 10 + 0.5)) ++accepted;
+      SPECD_ASSERT_OK(c->observe(batch[i].id, d[i].proposer, d[i].k, accepted));
+    }
+  }
+}
+
+TEST(LoadForecast, RulesOfTheHeader) {
+  const CostModel target = flat_target();
+  LoadForecast f;
+  f.queue(0, 64);
+  f.arrive(1, 100, 64);
+  EXPECT_FALSE(f.rate(0.02).has_value());
+  EXPECT_EQ(f.batch(3, target), 3);  // no rate yet: the current batch
+  f.queue(5, 48);
+  EXPECT_EQ(f.batch(10, target), 48);  // queued beyond the batch: the limit
+
+  LoadForecast light;  // 2 arrivals per busy second: N = 2 * 64 * 0.020 / (1 - 2 * 0.00925) ~ 2.6
+  light.queue(0, 64);
+  for (RequestId i = 0; i < 40; ++i) {
+    light.arrive(i, 100, 64);
+    light.tick(0.5);
+  }
+  EXPECT_NEAR(*light.rate(0.02), 2.0, 0.1);
+  EXPECT_EQ(light.batch(1, target), 3);
+  EXPECT_EQ(light.batch(12, target), 12);  // never below the current batch
+  for (RequestId i = 0; i < 40; ++i) light.finish(i, 16);  // requests stop early: a smaller batch
+  EXPECT_LE(light.batch(1, target), 2);
+
+  LoadForecast heavy;  // 25 arrivals/s with 300-token prompts: prefills alone exceed capacity
+  heavy.queue(0, 64);
+  for (RequestId i = 0; i < 40; ++i) {
+    heavy.arrive(i, 300, 64);
+    heavy.tick(0.04);
+  }
+  EXPECT_EQ(heavy.batch(8, target), 64);
+}
+
+TEST(GoodputController, UselessProposerGoesToZeroGoodOneIsUsed) {
+  GoodputController bad(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  teach(&bad, 0.020, 0.00025, 0.004);
+  std::vector<int32_t> ks;
+  run_steps(&bad, decode_batch(4, 8), 0.0, 12, &ks);
+  EXPECT_EQ(std::vector<int32_t>(ks.end() - 4, ks.end()), std::vector<int32_t>(4, 0));
+
+  GoodputController good(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  teach(&good, 0.020, 0.00025, 0.004);
+  ks.clear();
+  run_steps(&good, decode_batch(4, 8), 0.9, 12, &ks);
+  EXPECT_GE(ks.back(), 3);
+}
+
+TEST(GoodputController, ComputeBoundVerificationTurnsSpeculationOff) {
+  // Every verified token costs as much as a whole memory-bound step would: no draft pays.
+  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.01 * n));
+  std::vector<int32_t> ks;
+  run_steps(&c, decode_batch(4, 8), 0.7, 6, &ks);
+  EXPECT_EQ(std::vector<int32_t>(ks.end() - 4, ks.end()), std::vector<int32_t>(4, 0));
+}
+
+TEST(GoodputController, CatchUpIsRefusedUnderAForecastSaturation) {
+  // A request that the draft has not seen (300 prompt tokens) arrives next to one in sync.
+  // With no arrival rate known yet the forecast is today's batch of 2, where the catch-up
+  // pays; with a queue beyond the batch the forecast is the batch limit (64), where drafting
+  // no longer pays, so it does not catch up, while the request in sync still drafts.
+  for (const bool queued : {false, true}) {
+    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    teach(&c, 0.020, 0.00025, 0.004);
+    std::vector<int32_t> warm;
+    run_steps(&c, decode_batch(1, 8, 1, 100), 0.8, 10, &warm);  // learn the proposer's acceptance
+    c.observe_load(queued ? 40 : 0, 64);
+    std::vector<ControllerDecision> d;
+    const std::vector<ControllerRequest> batch{{100, 1, 8, 1, 200}, {0, 1, 8, 300, 200}};
+    SPECD_ASSERT_OK(c.decide(batch, &d));
+    EXPECT_GT(d[0].k, 0) << "queued " << queued;
+    EXPECT_EQ(d[1].k > 0, !queued) << "queued " << queued;
+  }
+}
+
+TEST(GoodputController, PredictedTokensAndProposerPerRequest) {
+  // Proposer 0 (model-free) works for request 1 only, proposer 1 (draft model) for request 2.
+  GoodputController c(GoodputControllerConfig{{false, true}, 6, 0.9, {}});
+  teach(&c, 0.020, 0.00025, 0.001);  // a cheap draft: worth its forwards where it works
+  const std::vector<ControllerRequest> batch{{1, 1, 6, 1, 500}, {2, 1, 6, 1, 500}};
+  for (int s = 0; s < 30; ++s) {
+    for (const ControllerRequest& r : batch)
+      for (int32_t p = 0; p < 2; ++p) {
+        const bool works = (r.id == 1) == (p == 0);
+        SPECD_ASSERT_OK(c.observe(r.id, p, 4, works ? 4 : 0));
+      }
+  }
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  EXPECT_EQ(d[0].proposer, 0);
+  EXPECT_EQ(d[1].proposer, 1);
+  for (const ControllerDecision& x : d) {
+    EXPECT_GT(x.k, 0);
+    EXPECT_GT(x.predicted_tokens, 1.0 + 0.5 * x.k);
+    EXPECT_LE(x.predicted_tokens, 1.0 + x.k);
+  }
+}
+
+TEST(GoodputController, ColdStartAndBadInput) {
+  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(decode_batch(3, 8), &d));  // no costs yet: plain decoding
+  for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
+  SPECD_EXPECT_CODE(c.decide(std::vector<ControllerRequest>{{1, 0, 8, 1, 10}}, &d), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe(1, 5, 2, 1), kInvalidArgument);  // no proposer 5
+  SPECD_EXPECT_CODE(c.observe_forward(ForwardKind::kTarget, 4, -1.0), kInvalidArgument);
+  GoodputController two_drafts(GoodputControllerConfig{{true, true}, 8, 0.9, {}});
+  SPECD_EXPECT_CODE(two_drafts.decide(decode_batch(1, 8), &d), kInvalidArgument);
+  GoodputController none(GoodputControllerConfig{{}, 8, 0.9, {}});
+  SPECD_EXPECT_CODE(none.decide(decode_batch(1, 8), &d), kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace specd
