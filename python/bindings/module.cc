@@ -10,6 +10,7 @@ namespace py = pybind11;
 namespace specd::py_bind {
 void bind_block_manager(py::module_& m);
 void bind_kv(py::module_& m);
+void bind_kv_kernels(py::module_& m);
 void bind_spec(py::module_& m);
 void bind_proposers(py::module_& m);
 void bind_controller(py::module_& m);
@@ -29,6 +30,7 @@ PYBIND11_MODULE(_core, m) {
 #endif
   specd::py_bind::bind_block_manager(m);
   specd::py_bind::bind_kv(m);
+  specd::py_bind::bind_kv_kernels(m);
   specd::py_bind::bind_spec(m);
   specd::py_bind::bind_proposers(m);
   specd::py_bind::bind_controller(m);
