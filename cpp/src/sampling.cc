@@ -5,6 +5,8 @@
 #include <numeric>
 #include <vector>
 
+#include "specd/detail/sampling_rules.h"
+
 namespace specd {
 namespace {
 
@@ -73,7 +75,7 @@ Status sampling_probs(Span<const float> logits, const SamplingParams& params, Sp
   }
   std::vector<double> p(logits.size());
   for (std::size_t i = 0; i < logits.size(); ++i)
-    p[i] = std::exp((static_cast<double>(logits[i]) - max_logit) / params.temperature);
+    p[i] = detail::softmax_weight(logits[i], max_logit, params.temperature);
   renormalize(&p);
   const bool filters = params.top_k > 0 || params.top_p < 1 || params.min_p > 0;
   if (filters) {
@@ -84,10 +86,13 @@ Status sampling_probs(Span<const float> logits, const SamplingParams& params, Sp
       renormalize(&p);
     }
     if (params.top_p < 1) {
-      double mass = 0;
+      // Mass in 2^-62 fixed point: exact, so the cut does not depend on the order of the
+      // additions (the CUDA kernels add in parallel).
+      const uint64_t threshold = detail::fixed_threshold(params.top_p);
+      uint64_t mass = 0;
       std::size_t keep = 0;
-      while (keep < ids.size() && (keep == 0 || mass < params.top_p))
-        mass += p[static_cast<std::size_t>(ids[keep++])];
+      while (keep < ids.size() && (keep == 0 || mass < threshold))
+        mass += detail::fixed_mass(p[static_cast<std::size_t>(ids[keep++])]);
       zero_except_prefix(&p, ids, keep);
       ids.resize(keep);
       renormalize(&p);

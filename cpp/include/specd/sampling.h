@@ -9,7 +9,9 @@
 //   the previous:
 //   1. top_k > 0: keep the top_k most probable tokens (ties at the boundary: lower id first);
 //   2. top_p < 1: order tokens by (probability desc, id asc) and keep the shortest prefix
-//      whose probability mass is >= top_p (at least one token);
+//      whose probability mass is >= top_p (at least one token); the mass is summed in 2^-62
+//      fixed point (floor(p * 2^62) per token, detail/sampling_rules.h), which is exact, so
+//      parallel code finds the same cut;
 //   3. min_p > 0: keep tokens with probability >= min_p * (largest probability).
 //   Removed tokens get probability exactly 0; the result is renormalized.
 // - Valid parameters: temperature finite and >= 0; top_k >= 0 (0 = off); 0 < top_p <= 1;

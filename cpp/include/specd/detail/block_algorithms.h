@@ -1,0 +1,165 @@
+// Row algorithms written once against the Block concept (detail/serial_block.h): a radix
+// selection of the ranking order (key desc, id asc), the n-th flagged id, and the
+// inverse-CDF draw. The CUDA kernels run them with a thread block; the CPU with SerialBlock.
+//
+// All functions are collectives: every thread of the block calls them with the same
+// arguments (uniform control flow) and gets the same result.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/host_device.h"
+
+namespace specd::detail {
+
+// One element as a radix selection sees it: whether it takes part, its ranking key (larger
+// ranks first; equal keys: lower id first) and its fixed-point mass.
+struct SelectItem {
+  bool in_set;
+  uint64_t key;
+  uint64_t mass;
+};
+
+// Count and mass of a set of elements.
+struct SelectStats {
+  uint64_t count;
+  uint64_t mass;
+};
+
+// "The first element (in ranking order) at which the running count (or mass) reaches
+// `target`": the top-k (count >= k) and top-p (mass >= threshold) cuts.
+struct SelectCriterion {
+  bool by_mass;
+  uint64_t target;  // >= 1
+
+  SPECD_HOST_DEVICE bool met(const SelectStats& s) const { return (by_mass ? s.mass : s.count) >= target; }
+  // The smallest n >= 1 with met(above + n elements of unit_mass), given !met(above) and that
+  // some n up to the number of tied elements meets it (so unit_mass > 0 when by_mass).
+  SPECD_HOST_DEVICE uint64_t ties_needed(const SelectStats& above, uint64_t unit_mass) const {
+    const uint64_t have = by_mass ? above.mass : above.count;
+    const uint64_t unit = by_mass ? unit_mass : 1;
+    return (target - have + unit - 1) / unit;
+  }
+};
+
+// Where a selection cut the ranking: the elements ranked at or above the cut are those of
+// the set with key > key, or key == key and id <= id.
+struct SelectCut {
+  bool found;          // false: the criterion is not met even by the whole set
+  uint64_t key;
+  int32_t id;
+  uint32_t set_count;  // elements in the set
+};
+
+SPECD_HOST_DEVICE inline bool ranks_at_or_above(uint64_t key, int32_t id, uint64_t cut_key, int32_t cut_id) {
+  return key > cut_key || (key == cut_key && id <= cut_id);
+}
+
+// Chunked iteration: thread rank's contiguous share [lo, hi) of [0, n).
+struct Chunk {
+  int32_t lo, hi;
+};
+template <class Block>
+SPECD_HOST_DEVICE Chunk chunk_of(const Block& b, int32_t n) {
+  const int64_t per = (int64_t{n} + b.size() - 1) / b.size();
+  const int64_t lo = per * b.rank() < n ? per * b.rank() : n;
+  const int64_t hi = lo + per < n ? lo + per : n;
+  return Chunk{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+}
+
+// The nth (1-based) id in [0, n) with flag(id) true; INT32_MAX when there are fewer.
+template <class Block, class Flag>
+SPECD_HOST_DEVICE int32_t nth_flagged_id(Block& b, int32_t n, const Flag& flag, uint64_t nth) {
+  const Chunk c = chunk_of(b, n);
+  int32_t local = 0;
+  for (int32_t i = c.lo; i < c.hi; ++i) local += flag(i) ? 1 : 0;
+  const int32_t before = b.exclusive_sum(local);
+  int32_t found = INT32_MAX;
+  if (static_cast<uint64_t>(before) < nth && nth <= static_cast<uint64_t>(before) + static_cast<uint64_t>(local)) {
+    uint64_t seen = static_cast<uint64_t>(before);
+    for (int32_t i = c.lo; i < c.hi; ++i) {
+      if (flag(i) && ++seen == nth) {
+        found = i;
+        break;
+      }
+    }
+  }
+  return b.min(found);
+}
+
+// Radix selection over the elements i in [0, n) with item(i).in_set, ranked by (key desc,
+// id asc): the first element at which the running stats meet `crit`. Eight passes of 8 bits
+// (most significant first) fix the cut's key; one more pass in id order breaks ties.
+template <class Block, class ItemFn>
+SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item, SelectCriterion crit) {
+  SelectCut cut{false, 0, -1, 0};
+  SelectStats above{0, 0};  // stats of the elements ranked above every candidate left
+  uint64_t prefix = 0;      // key bits fixed so far
+  int32_t chosen = -1;
+  for (int32_t level = 0; level < 8; ++level) {
+    const int32_t shift = 56 - 8 * level;
+    b.hist_clear();
+    for (int32_t i = b.rank(); i < n; i += b.size()) {
+      const SelectItem it = item(i);
+      if (!it.in_set) continue;
+      if (level > 0 && (it.key >> (shift + 8)) != (prefix >> (shift + 8))) continue;
+      b.hist_add(static_cast<int32_t>((it.key >> shift) & 0xFFu), it.mass);
+    }
+    b.hist_done();
+    if (level == 0)
+      for (int32_t bin = 0; bin < 256; ++bin) cut.set_count += b.hist_count(bin);
+    chosen = -1;
+    for (int32_t bin = 255; bin >= 0; --bin) {
+      const SelectStats with{above.count + b.hist_count(bin), above.mass + b.hist_mass(bin)};
+      if (crit.met(with)) {
+        chosen = bin;
+        break;
+      }
+      above = with;
+    }
+    if (chosen < 0) return cut;  // uniform: every thread read the same histogram
+    prefix |= static_cast<uint64_t>(chosen) << shift;
+  }
+  // Every element left has key == prefix; they share one mass. Keep the first `needed` of
+  // them in id order.
+  const uint32_t ties = b.hist_count(chosen);
+  const uint64_t needed = crit.ties_needed(above, b.hist_mass(chosen) / ties);
+  cut.found = true;
+  cut.key = prefix;
+  cut.id = needed >= ties ? INT32_MAX
+                          : nth_flagged_id(b, n, [&](int32_t i) {
+                              const SelectItem it = item(i);
+                              return it.in_set && it.key == prefix;
+                            }, needed);
+  return cut;
+}
+
+// Inverse-CDF draw over weights w(i) >= 0, i in [0, n): the first i with w(i) > 0 whose
+// running sum exceeds `target`, else the last i with w(i) > 0 (-1 if none): the rule of
+// sample_from_weights. Each thread sums its chunk in id order; chunk prefixes come from an
+// exclusive scan (with one thread: exactly the sequential running sum).
+template <class Block, class Weight>
+SPECD_HOST_DEVICE int32_t draw_inverse_cdf(Block& b, int32_t n, const Weight& weight, double target) {
+  const Chunk c = chunk_of(b, n);
+  double local = 0;
+  for (int32_t i = c.lo; i < c.hi; ++i) {
+    const double w = weight(i);
+    if (w > 0) local += w;
+  }
+  double running = b.exclusive_sum(local);
+  int32_t found = INT32_MAX, last = -1;
+  for (int32_t i = c.lo; i < c.hi; ++i) {
+    const double w = weight(i);
+    if (!(w > 0)) continue;
+    running += w;
+    last = i;
+    if (target < running) {
+      found = i;
+      break;
+    }
+  }
+  found = b.min(found);
+  return found != INT32_MAX ? found : b.max(last);
+}
+
+}  // namespace specd::detail

@@ -1,0 +1,200 @@
+// One row of batched sampling (sampling_batch.h), written against the Block concept
+// (detail/serial_block.h): the CUDA kernels run it with a thread block per row, the *_cpu
+// functions with SerialBlock. It follows sampling.cc step by step, without a sort:
+//
+//   plan_row   validates, finds the argmax (greedy) or the softmax normalizer, then the
+//              top-k cut (radix selection by count), the top-p cut (by fixed-point mass) and
+//              the min-p floor, each with its renormalizing total, into a RowPlan;
+//   row_prob   the final probability of token i from its logit and the plan (recomputed
+//              where needed instead of stored: no workspace);
+//   sample_token_row  rounds the probabilities to float as sampling_probs' output does, then
+//              draws as sample_token does (normalize in double, final draw at rng.position).
+//
+// Every pass is a block-wide sum/max over the row. With SerialBlock they are sequential sums
+// in id order, the CPU reference's arithmetic; on the GPU they are tree sums, which can
+// differ in the last bits (see sampling_batch.h for the consequence).
+#pragma once
+
+#include <cstdint>
+
+#include "specd/detail/bits.h"
+#include "specd/detail/block_algorithms.h"
+#include "specd/detail/sampling_rules.h"
+#include "specd/host_device.h"
+#include "specd/philox.h"
+#include "specd/sampling.h"
+#include "specd/sampling_batch.h"
+#include "specd/verify.h"
+
+namespace specd::detail {
+
+// Everything row_prob needs besides the logit: the scalars plan_row found.
+struct RowPlan {
+  bool greedy;
+  int32_t argmax;       // lowest id among the largest logits
+  double max_logit;
+  double temperature;
+  double total;         // sum of softmax weights
+  bool top_k_on;        // top_k cut some tokens (then renormalized by top_k_total)
+  uint64_t top_k_key;
+  int32_t top_k_id;
+  double top_k_total;
+  bool top_p_on;        // top_p < 1 (always renormalized by top_p_total)
+  bool top_p_cut;       // the top-p mass was reached (else every ranked token is kept)
+  uint64_t top_p_key;
+  int32_t top_p_id;
+  double top_p_total;
+  bool min_p_on;
+  double min_p_floor;
+  double min_p_total;
+};
+
+// Probability of token i after softmax, before filters.
+SPECD_HOST_DEVICE inline double softmax_prob(const RowPlan& plan, float logit) {
+  return softmax_weight(logit, plan.max_logit, plan.temperature) / plan.total;
+}
+
+// The filters of the plan applied to token i of softmax probability p (the filters that are
+// on: a total of 1.0 divides exactly, which plan_row uses to sum a stage before its total is
+// known).
+SPECD_HOST_DEVICE inline double filtered_prob(const RowPlan& plan, int32_t i, double p) {
+  const uint64_t key = double_bits(p);
+  double q = p;
+  if (plan.top_k_on) {
+    if (!(p > 0 && ranks_at_or_above(key, i, plan.top_k_key, plan.top_k_id))) return 0.0;
+    q = q / plan.top_k_total;
+  }
+  if (plan.top_p_on) {
+    if (!(p > 0) || (plan.top_p_cut && !ranks_at_or_above(key, i, plan.top_p_key, plan.top_p_id))) return 0.0;
+    q = q / plan.top_p_total;
+  }
+  if (plan.min_p_on) {
+    if (!(q >= plan.min_p_floor)) return 0.0;
+    q = q / plan.min_p_total;
+  }
+  return q;
+}
+
+// The final probability of token i (double; sampling_probs outputs it rounded to float).
+SPECD_HOST_DEVICE inline double row_prob(const RowPlan& plan, int32_t i, float logit) {
+  if (plan.greedy) return i == plan.argmax ? 1.0 : 0.0;
+  return filtered_prob(plan, i, softmax_prob(plan, logit));
+}
+
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                        RowPlan* plan) {
+  *plan = RowPlan{};
+  if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
+  // Validation and argmax in one pass (sampling_probs: NaN/+inf first, then all -inf).
+  bool bad = false;
+  ArgMax best = empty_argmax();
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+    const float l = load(i);
+    bad = bad || is_bad_logit(l);
+    best = better(best, ArgMax{l, i});
+  }
+  if (b.any(bad)) return SampleStatus::kBadLogit;
+  best = b.argmax(best);
+  if (!(best.value > -INFINITY)) return SampleStatus::kNoFiniteLogit;
+  plan->argmax = best.index;
+  plan->max_logit = static_cast<double>(best.value);
+  if (params.temperature == 0) {
+    plan->greedy = true;
+    return SampleStatus::kOk;
+  }
+  plan->temperature = params.temperature;
+  double total = 0;
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) total += softmax_weight(load(i), plan->max_logit, plan->temperature);
+  plan->total = b.sum(total);
+  if (!has_filters(params)) return SampleStatus::kOk;
+
+  // The sum over the row of filtered_prob with the plan as it stands.
+  const auto stage_total = [&]() {
+    double s = 0;
+    for (int32_t i = b.rank(); i < vocab; i += b.size()) s += filtered_prob(*plan, i, softmax_prob(*plan, load(i)));
+    return b.sum(s);
+  };
+  if (params.top_k > 0) {
+    const SelectCut cut = radix_select(b, vocab, [&](int32_t i) {
+      const double p = softmax_prob(*plan, load(i));
+      return SelectItem{p > 0, double_bits(p), 0};
+    }, SelectCriterion{false, static_cast<uint64_t>(params.top_k)});
+    if (static_cast<uint64_t>(params.top_k) < cut.set_count) {  // else sampling.cc keeps all, unrenormalized
+      plan->top_k_on = true;
+      plan->top_k_key = cut.key;
+      plan->top_k_id = cut.id;
+      plan->top_k_total = 1.0;
+      plan->top_k_total = stage_total();
+    }
+  }
+  if (params.top_p < 1) {
+    // Ranked set: tokens kept by top-k (p > 0); mass: their probability after top-k.
+    const SelectCut cut = radix_select(b, vocab, [&](int32_t i) {
+      const double p = softmax_prob(*plan, load(i));
+      const double kept = filtered_prob(*plan, i, p);
+      const bool in_set = p > 0 && (!plan->top_k_on || ranks_at_or_above(double_bits(p), i, plan->top_k_key, plan->top_k_id));
+      return SelectItem{in_set, double_bits(p), fixed_mass(kept)};
+    }, SelectCriterion{true, fixed_threshold(params.top_p)});
+    plan->top_p_on = true;
+    plan->top_p_cut = cut.found;
+    plan->top_p_key = cut.key;
+    plan->top_p_id = cut.id;
+    plan->top_p_total = 1.0;
+    plan->top_p_total = stage_total();
+  }
+  if (params.min_p > 0) {
+    double top = 0;  // the largest probability so far: that of the top-ranked token
+    for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+      const double q = filtered_prob(*plan, i, softmax_prob(*plan, load(i)));
+      top = q > top ? q : top;
+    }
+    plan->min_p_floor = params.min_p * b.max(top);
+    plan->min_p_on = true;
+    plan->min_p_total = 1.0;
+    plan->min_p_total = stage_total();
+  }
+  return SampleStatus::kOk;
+}
+
+// The token sample_token would draw from this row's float probabilities with key `rng`.
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                                const RngKey& rng, int32_t* token) {
+  *token = -1;
+  RowPlan plan;
+  const SampleStatus status = plan_row(b, load, vocab, params, &plan);
+  if (status != SampleStatus::kOk) return status;
+  if (plan.greedy) {  // a one-hot row: the draw always returns its token
+    *token = plan.argmax;
+    return SampleStatus::kOk;
+  }
+  // sample_token: p = float probs / their sum; draw target = u * sum(p).
+  const auto float_prob = [&](int32_t i) {
+    return static_cast<double>(static_cast<float>(row_prob(plan, i, load(i))));
+  };
+  double local = 0;
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) local += float_prob(i);
+  const double float_total = b.sum(local);
+  if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
+  const auto normalized = [&](int32_t i) { return float_prob(i) / float_total; };
+  local = 0;
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) local += normalized(i);
+  const double total = b.sum(local);
+  const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
+  *token = draw_inverse_cdf(b, vocab, normalized, u * total);
+  return SampleStatus::kOk;
+}
+
+// The probability row sampling_probs writes (probs[vocab]); all zeros when status != kOk.
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                         float* probs) {
+  RowPlan plan;
+  const SampleStatus status = plan_row(b, load, vocab, params, &plan);
+  for (int32_t i = b.rank(); i < vocab; i += b.size())
+    probs[i] = status == SampleStatus::kOk ? static_cast<float>(row_prob(plan, i, load(i))) : 0.0f;
+  return status;
+}
+
+}  // namespace specd::detail

@@ -1,0 +1,62 @@
+// SerialBlock: the "Block" of the row algorithms (detail/sample_row.h, detail/verify_walk.h)
+// with one thread, so the CPU runs exactly the code the CUDA kernels run.
+//
+// The Block concept (the CUDA one is cuda/src/device_block.cuh):
+// - rank() in [0, size()): this thread; loops over a row are strided (i = rank(); i < n;
+//   i += size()) or chunked (rank()'s contiguous chunk of ceil(n / size()) elements).
+// - Collectives: every thread of the block calls them, in the same order, with uniform
+//   control flow, and every thread gets the same bits back: sum, max, min (of double or
+//   int32), exclusive_sum (prefix over ranks below this one), any (of bool), argmax (of
+//   ArgMax), sync. Reductions combine per-thread partials in a fixed order, so results are
+//   deterministic for a given size().
+// - A 256-bin histogram of (count, fixed-point mass): hist_clear(), hist_add(bin, mass)
+//   from any thread, hist_done(), then hist_count(b) / hist_mass(b) read by every thread
+//   until the next hist_clear().
+// With one thread, a strided or chunked loop visits the row in id order and every
+// reduction is that thread's sequential sum: the arithmetic of the CPU references.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/detail/sampling_rules.h"
+#include "specd/host_device.h"
+
+namespace specd::detail {
+
+class SerialBlock {
+ public:
+  SPECD_HOST_DEVICE int32_t rank() const { return 0; }
+  SPECD_HOST_DEVICE int32_t size() const { return 1; }
+  SPECD_HOST_DEVICE void sync() {}
+
+  template <class T>
+  SPECD_HOST_DEVICE T sum(T v) { return v; }
+  template <class T>
+  SPECD_HOST_DEVICE T max(T v) { return v; }
+  template <class T>
+  SPECD_HOST_DEVICE T min(T v) { return v; }
+  template <class T>
+  SPECD_HOST_DEVICE T exclusive_sum(T) { return T(0); }
+  SPECD_HOST_DEVICE bool any(bool v) { return v; }
+  SPECD_HOST_DEVICE ArgMax argmax(ArgMax v) { return v; }
+
+  SPECD_HOST_DEVICE void hist_clear() {
+    for (int32_t b = 0; b < 256; ++b) {
+      count_[b] = 0;
+      mass_[b] = 0;
+    }
+  }
+  SPECD_HOST_DEVICE void hist_add(int32_t bin, uint64_t mass) {
+    ++count_[bin];
+    mass_[bin] += mass;
+  }
+  SPECD_HOST_DEVICE void hist_done() {}
+  SPECD_HOST_DEVICE uint32_t hist_count(int32_t bin) const { return count_[bin]; }
+  SPECD_HOST_DEVICE uint64_t hist_mass(int32_t bin) const { return mass_[bin]; }
+
+ private:
+  uint32_t count_[256];  // written by hist_clear() before any read
+  uint64_t mass_[256];
+};
+
+}  // namespace specd::detail

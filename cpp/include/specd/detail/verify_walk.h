@@ -1,0 +1,298 @@
+// One request of batched verification (verify_batch.h), written against the Block concept
+// (detail/serial_block.h): the CUDA kernels run it with a thread block per request (one
+// thread per request for greedy tokens), the *_batch_cpu functions with SerialBlock. The
+// walks follow verify.cc step by step; what verify.cc keeps in vectors (the residual
+// distributions after rejected siblings) is recomputed element by element from the node's
+// rows and the per-rejection totals (residual_probs), so no [vocab] workspace is needed.
+//
+// Every decision (the walk, the accept tests, the draws) is computed by every thread from
+// collective results and global reads, so control flow stays uniform; only rank 0 writes
+// outputs and the shared rejection list.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/detail/block_algorithms.h"
+#include "specd/detail/sampling_rules.h"
+#include "specd/host_device.h"
+#include "specd/philox.h"
+#include "specd/verify.h"
+#include "specd/verify_batch.h"
+
+namespace specd::detail {
+
+// A rejected sibling at the current node: its token and the totals that normalized the
+// residual target (p_total) and, without replacement, the reduced draft (q_total).
+struct Rejection {
+  int32_t token;
+  double p_total;
+  double q_total;
+};
+
+// The target (p) and draft (q) probabilities of token i after the first j siblings were
+// rejected, from p0 = row_p[i] / sum(row_p) and q0 likewise (verify.cc's updates, in order):
+// - with draft rows: p <- max(0, p - q) / p_total (unchanged when p_total == 0); without
+//   replacement also q <- (i == token ? 0 : q) / q_total (not divided when q_total == 0);
+// - without draft rows: p <- (i == token ? 0 : p) / p_total (not divided when 0).
+SPECD_HOST_DEVICE inline void residual_probs(double p0, double q0, int32_t i, const Rejection* rejected, int32_t j,
+                                             bool has_draft, bool without_replacement, double* p, double* q) {
+  double pv = p0, qv = q0;
+  for (int32_t k = 0; k < j; ++k) {
+    const Rejection& r = rejected[k];
+    if (has_draft) {
+      const double residual = pv - qv > 0 ? pv - qv : 0.0;
+      if (r.p_total > 0) pv = residual / r.p_total;
+      if (without_replacement) {
+        const double zeroed = i == r.token ? 0.0 : qv;
+        qv = r.q_total > 0 ? zeroed / r.q_total : zeroed;
+      }
+    } else {
+      const double zeroed = i == r.token ? 0.0 : pv;
+      pv = r.p_total > 0 ? zeroed / r.p_total : zeroed;
+    }
+  }
+  *p = pv;
+  *q = qv;
+}
+
+// The accept test of a drafted token x: u * q(x) < p(x).
+SPECD_HOST_DEVICE inline bool accepts(double u, double qx, double px) { return u * qx < px; }
+
+// A request's nodes: global [begin, begin + count).
+struct RequestNodes {
+  int32_t begin;
+  int32_t count;
+  const int32_t* parents;  // parents + begin
+  const int32_t* tokens;   // tokens + begin
+};
+
+// The first child of `node` after sibling index `after` (children are in index order).
+SPECD_HOST_DEVICE inline int32_t next_child(const RequestNodes& n, int32_t node, int32_t after) {
+  for (int32_t c = (after > node ? after : node) + 1; c < n.count; ++c)
+    if (n.parents[c] == node) return c;
+  return -1;
+}
+SPECD_HOST_DEVICE inline int32_t find_child(const RequestNodes& n, int32_t node, int32_t token) {
+  for (int32_t c = next_child(n, node, node); c >= 0; c = next_child(n, node, c))
+    if (n.tokens[c] == token) return c;
+  return -1;
+}
+
+// Writes the request's results as it walks (rank 0 only), from out position `base`.
+struct Emitter {
+  const VerifyOutputs* out;
+  int64_t base;
+  int32_t accepted;
+
+  template <class Block>
+  SPECD_HOST_DEVICE void accept(Block& b, int32_t node, int32_t token) {
+    if (b.rank() == 0) {
+      out->tokens[base + accepted] = token;
+      if (out->path != nullptr) out->path[base + accepted + 1] = node;
+    }
+    ++accepted;
+  }
+  template <class Block>
+  SPECD_HOST_DEVICE void finish(Block& b, int32_t token) {
+    if (b.rank() == 0) out->tokens[base + accepted] = token;
+  }
+};
+
+// Sets the request's output range [base, base + size) to -1.
+template <class Block>
+SPECD_HOST_DEVICE void fill_outputs(Block& b, const VerifyOutputs& out, int64_t base, int32_t size) {
+  b.sync();  // after any earlier write by rank 0
+  for (int32_t v = b.rank(); v < size; v += b.size()) {
+    out.tokens[base + v] = -1;
+    if (out.path != nullptr) out.path[base + v] = -1;
+  }
+  b.sync();
+}
+
+// Runs walk(nodes, emitter) -> VerifyStatus for request r after the checks every variant
+// shares, and writes status / num_accepted. `vocab` > 0 also checks draft tokens against it.
+template <class Block, class Walk>
+SPECD_HOST_DEVICE void verify_request(Block& b, const TreeBatchView& trees, int32_t r, int32_t vocab,
+                                      const VerifyOutputs& out, const Walk& walk) {
+  const int32_t begin = trees.node_offsets[r], end = trees.node_offsets[r + 1];
+  const bool range_ok = begin >= 0 && begin < end && end <= trees.num_nodes;
+  const bool padded = out.stride > 0;
+  // Output range: row r of the padded layout, or the request's nodes.
+  Emitter emit{&out, padded ? int64_t{r} * out.stride : int64_t{begin}, 0};
+  const int32_t out_size = padded ? out.stride : (range_ok ? end - begin : 0);
+  if (out_size > 0) fill_outputs(b, out, emit.base, out_size);
+  VerifyStatus status = VerifyStatus::kOk;
+  if (!range_ok) {
+    status = VerifyStatus::kBadTree;
+  } else if (end - begin > out_size) {
+    status = VerifyStatus::kOutputTooSmall;
+  } else {
+    const RequestNodes nodes{begin, end - begin, trees.parents + begin, trees.tokens + begin};
+    bool bad_tree = false, bad_token = false;
+    for (int32_t v = b.rank(); v < nodes.count; v += b.size()) {
+      const int32_t p = nodes.parents[v];
+      bad_tree = bad_tree || (v == 0 ? p != -1 : (p < 0 || p >= v));
+      bad_token = bad_token || (v > 0 && vocab > 0 && (nodes.tokens[v] < 0 || nodes.tokens[v] >= vocab));
+    }
+    if (b.any(bad_tree)) {
+      status = VerifyStatus::kBadTree;
+    } else if (b.any(bad_token)) {
+      status = VerifyStatus::kBadToken;
+    } else {
+      if (b.rank() == 0 && out.path != nullptr) out.path[emit.base] = 0;
+      status = walk(nodes, emit);
+      if (status != VerifyStatus::kOk) fill_outputs(b, out, emit.base, out_size);
+    }
+  }
+  if (b.rank() == 0) {
+    out.status[r] = static_cast<int32_t>(status);
+    out.num_accepted[r] = status == VerifyStatus::kOk ? emit.accepted : 0;
+  }
+}
+
+// Greedy walk; best(node, &token) gives the target's choice after a local node (or an error).
+template <class Block, class BestFn>
+SPECD_HOST_DEVICE VerifyStatus greedy_walk(Block& b, const RequestNodes& nodes, Emitter& emit, const BestFn& best) {
+  int32_t node = 0;
+  while (true) {
+    int32_t token = -1;
+    const VerifyStatus s = best(node, &token);
+    if (s != VerifyStatus::kOk) return s;
+    const int32_t child = find_child(nodes, node, token);
+    if (child < 0) {
+      emit.finish(b, token);
+      return VerifyStatus::kOk;
+    }
+    emit.accept(b, child, token);
+    node = child;
+  }
+}
+
+// verify_greedy's argmax of one row (lowest id among ties); NaN anywhere is an error.
+template <class Block, class Row>
+SPECD_HOST_DEVICE VerifyStatus row_argmax(Block& b, const Row& row, int32_t vocab, int32_t* token) {
+  bool nan = false;
+  ArgMax best = empty_argmax();
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+    const float v = row(i);
+    if (v != v) nan = true;
+    else best = better(best, ArgMax{v, i});
+  }
+  if (b.any(nan)) return VerifyStatus::kBadTargetRow;
+  *token = b.argmax(best).index;
+  return VerifyStatus::kOk;
+}
+
+// LazyDistribution::load of verify.cc: validates a probability row and sums it.
+template <class Block>
+SPECD_HOST_DEVICE bool load_prob_row(Block& b, const float* row, int32_t vocab, double* total) {
+  bool bad = false;
+  double s = 0;
+  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+    const double v = static_cast<double>(row[i]);
+    bad = bad || !(is_finite(v) && v >= 0);
+    s += v;
+  }
+  if (b.any(bad)) return false;
+  *total = b.sum(s);
+  return *total > 0;
+}
+
+// Whether two children of `node` hold the same token.
+template <class Block>
+SPECD_HOST_DEVICE bool repeated_sibling(Block& b, const RequestNodes& n, int32_t node) {
+  bool repeated = false;
+  for (int32_t c = node + 1 + b.rank(); c < n.count; c += b.size()) {
+    if (n.parents[c] != node) continue;
+    for (int32_t d = c + 1; d < n.count && !repeated; ++d)
+      repeated = n.parents[d] == node && n.tokens[d] == n.tokens[c];
+  }
+  return b.any(repeated);
+}
+
+// verify_stochastic's walk. `rejected` holds kMaxVerifyChildren entries (shared memory on
+// the device). draft.data == nullptr: no draft rows.
+template <class Block>
+SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nodes, Emitter& emit, const ProbRows& target,
+                                               const ProbRows& draft, DraftSampling sampling, const RngKey& rng,
+                                               Rejection* rejected) {
+  const bool has_draft = draft.data != nullptr;
+  const bool without_replacement = sampling == DraftSampling::kWithoutReplacement;
+  const int32_t vocab = target.vocab;
+  int32_t node = 0;
+  uint32_t depth = 0;
+  while (true) {
+    const uint32_t position = rng.position + depth;
+    const float* p_row = target.data + int64_t{nodes.begin + node} * target.stride;
+    double p_total = 0;
+    if (!load_prob_row(b, p_row, vocab, &p_total)) return VerifyStatus::kBadTargetRow;
+    const int32_t first = next_child(nodes, node, node);
+    const float* q_row = nullptr;
+    double q_total = 1.0;
+    if (first >= 0) {
+      int32_t children = 0;
+      for (int32_t c = first; c >= 0; c = next_child(nodes, node, c)) ++children;
+      if (children > kMaxVerifyChildren) return VerifyStatus::kTooManyChildren;
+      if (has_draft) {
+        q_row = draft.data + int64_t{nodes.begin + node} * draft.stride;
+        if (!load_prob_row(b, q_row, vocab, &q_total)) return VerifyStatus::kBadDraftRow;
+        if (without_replacement && repeated_sibling(b, nodes, node)) return VerifyStatus::kRepeatedSibling;
+      }
+    }
+    // p and q of token i after j rejections at this node.
+    const auto probs_at = [&](int32_t i, int32_t j, double* p, double* q) {
+      const double p0 = static_cast<double>(p_row[i]) / p_total;
+      const double q0 = has_draft && q_row != nullptr ? static_cast<double>(q_row[i]) / q_total : 0.0;
+      residual_probs(p0, q0, i, rejected, j, has_draft, without_replacement, p, q);
+    };
+    int32_t j = 0, accepted = -1;
+    for (int32_t c = first; c >= 0; c = next_child(nodes, node, c), ++j) {
+      const int32_t x = nodes.tokens[c];
+      double px = 0, qx = 0;
+      probs_at(x, j, &px, &qx);
+      if (!has_draft) qx = 1.0;
+      if (!(qx > 0)) return VerifyStatus::kZeroDraftProbability;
+      const double u = philox_uniform(rng.seed, rng.request, rng.step, position, static_cast<uint32_t>(j));
+      if (accepts(u, qx, px)) {
+        accepted = c;
+        break;
+      }
+      // Rejected: the totals that normalize the residuals of sibling j + 1.
+      double p_sum = 0, q_sum = 0;
+      for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+        double p = 0, q = 0;
+        probs_at(i, j, &p, &q);
+        if (has_draft) {
+          p_sum += p - q > 0 ? p - q : 0.0;
+          if (without_replacement) q_sum += i == x ? 0.0 : q;
+        } else {
+          p_sum += i == x ? 0.0 : p;
+        }
+      }
+      p_sum = b.sum(p_sum);
+      q_sum = b.sum(q_sum);
+      if (b.rank() == 0) rejected[j] = Rejection{x, p_sum, q_sum};
+      b.sync();  // rejected[j] visible to all before sibling j + 1
+    }
+    if (accepted >= 0) {
+      emit.accept(b, accepted, nodes.tokens[accepted]);
+      node = accepted;
+      ++depth;
+      continue;
+    }
+    // Bonus (leaf) or recovered (all children rejected) token: draw from p after j rejections.
+    const auto weight = [&](int32_t i) {
+      double p = 0, q = 0;
+      probs_at(i, j, &p, &q);
+      return p;
+    };
+    double local = 0;
+    for (int32_t i = b.rank(); i < vocab; i += b.size()) local += weight(i);
+    const double total = b.sum(local);
+    const double u = philox_uniform(rng.seed, rng.request, rng.step, position, kFinalDraw);
+    emit.finish(b, draw_inverse_cdf(b, vocab, weight, u * total));
+    return VerifyStatus::kOk;
+  }
+}
+
+}  // namespace specd::detail

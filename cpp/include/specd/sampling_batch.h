@@ -1,0 +1,73 @@
+// Batched sampling: one token (or one probability row) per row of a logits matrix, each row
+// with its own SamplingParams and RngKey. This is the interface of the CUDA sampling kernels
+// (cuda/include/specd/cuda/sampling.h); the *_cpu functions here run the kernels' algorithm
+// (detail/sample_row.h) on one CPU thread.
+//
+// Rules
+// - The rules are those of sampling.h: row r's token is what
+//     sampling_probs(row r, params[r]) followed by sample_token(probs, vocab, rng[r])
+//   returns (the draw uses the verifier's final draw at rng[r].position, so a token sampled
+//   here and a bonus token of verify_stochastic use the same key layout).
+// - Greedy rows (temperature 0) give the argmax (lowest id among ties) and read no RngKey.
+// - Top-k / top-p / min-p are applied without sorting the vocabulary: radix selections of
+//   the ranking key (probability desc, id asc), 8 bits at a time, find the k-th token and
+//   the top-p cut. The top-p mass is accumulated in 2^-62 fixed point (exact and
+//   order-independent, so the GPU result does not depend on thread scheduling) instead of
+//   sampling.h's running double sum. The two differ only when the mass of a prefix is within
+//   ~1e-15 of top_p: a residual boundary case; elsewhere the same tokens are kept.
+// - Per-row input errors do not fail the call: status[r] (SampleStatus) says what was
+//   wrong, tokens[r] is -1 and a probability row is all zeros. The call itself fails only
+//   for bad shapes or pointers (validate_logit_rows).
+// - Logits may be float32, float16 or bfloat16 (raw 16-bit words); 16-bit values are
+//   converted to float exactly and then follow the float32 rules.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/sampling.h"
+#include "specd/status.h"
+#include "specd/verify.h"
+
+namespace specd {
+
+enum class LogitsDtype : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// A row-major [rows, stride] matrix of logits (or scores); row r is data + r * stride
+// elements of `dtype`, of which the first `vocab` are used.
+struct LogitRows {
+  const void* data = nullptr;
+  LogitsDtype dtype = LogitsDtype::kFloat32;
+  int32_t rows = 0;
+  int32_t vocab = 0;    // 1 <= vocab <= kMaxBatchVocab
+  int64_t stride = 0;   // elements between rows, >= vocab
+};
+
+inline constexpr int32_t kMaxBatchVocab = 1 << 30;
+
+// status[r] of the batched calls.
+enum class SampleStatus : int32_t {
+  kOk = 0,
+  kBadParams = 1,       // params[r] fails validate_sampling_params
+  kBadLogit = 2,        // a logit is NaN or +inf
+  kNoFiniteLogit = 3,   // every logit is -inf
+};
+
+// Checks shape, dtype and pointer (not the values).
+Status validate_logit_rows(const LogitRows& logits);
+// The checks of each call (its arrays must be non-null when rows > 0), shared by the CPU
+// functions and the CUDA launchers.
+Status validate_sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                              const int32_t* tokens, const int32_t* status);
+Status validate_sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, const float* probs,
+                                     const int32_t* status);
+
+// tokens[r], status[r] for each row r (all arrays [logits.rows], host memory).
+Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                         int32_t* tokens, int32_t* status);
+
+// probs[r * vocab + i] = sampling_probs(row r, params[r])[i]; probs is [rows, vocab] float32,
+// status [rows].
+Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* params, float* probs,
+                                int32_t* status);
+
+}  // namespace specd

@@ -1,0 +1,90 @@
+// Batched verification: the token trees of many requests, flattened (CSR), verified in one
+// call. This is the interface of the CUDA verification kernels
+// (cuda/include/specd/cuda/verify.h); the *_batch_cpu functions run the kernels' per-request
+// algorithm (detail/verify_walk.h) on one CPU thread.
+//
+// Rules
+// - Request r owns nodes [node_offsets[r], node_offsets[r+1]) of the flattened arrays (at
+//   least its root); its local node v is global node node_offsets[r] + v, which is also v's
+//   row in every node-indexed input (target rows, draft rows, target tokens). parents are
+//   local indices (TokenTree::from_parents rules: -1 for the root, 0 <= parent(v) < v).
+// - Each request's result equals verify_greedy / verify_greedy_tokens / verify_stochastic
+//   (verify.h) on TokenTree::from_parents of its nodes, with the same rows and rng[r]; the
+//   random draws are keyed by rng[r] exactly as there.
+// - Outputs: request r's num_accepted[r] + 1 emitted tokens (accepted drafts, then the bonus
+//   or recovered token) are tokens[base_r + k], and its accepted path (local nodes, root
+//   first) is path[base_r + k], for k in [0, num_accepted[r] + 1); the rest of the request's
+//   output range is -1. Node layout (stride 0): base_r = node_offsets[r], range = the
+//   request's nodes (a request never emits more tokens than it has nodes). Padded layout
+//   (stride > 0, e.g. the [batch, path_stride] paths kv_compact.h takes): base_r = r *
+//   stride, range = the row; a request with more than `stride` nodes gets kOutputTooSmall.
+// - Per-request input errors do not fail the call: status[r] (VerifyStatus) is non-zero,
+//   num_accepted[r] is 0 and the request's tokens/path range is all -1 (in the node layout,
+//   left untouched when the offsets themselves are invalid). The verify.h function on that
+//   request returns the error with a message, if one is wanted.
+// - The call fails (Status / cudaErrorInvalidValue) only for bad sizes or pointers (the
+//   validate_verify_* functions): negative sizes, null arrays, fewer rows than num_nodes,
+//   draft vocab != target vocab, an unknown DraftSampling.
+// - Stochastic verification handles at most kMaxVerifyChildren children per visited node
+//   (the residual distributions are recomputed from the per-sibling totals, which a block
+//   keeps in shared memory): a request over the limit gets kTooManyChildren, on the CPU too.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/sampling_batch.h"
+#include "specd/status.h"
+#include "specd/verify.h"
+
+namespace specd {
+
+// The token trees of a batch of requests (device or host memory, per the function).
+struct TreeBatchView {
+  const int32_t* node_offsets = nullptr;  // [batch + 1]
+  const int32_t* parents = nullptr;       // [num_nodes] local parent; -1 for each root
+  const int32_t* tokens = nullptr;        // [num_nodes] root: the request's last token
+  int32_t batch = 0;
+  int32_t num_nodes = 0;                  // length of the node-indexed arrays
+};
+
+struct VerifyOutputs {
+  int32_t* tokens = nullptr;        // [num_nodes] (node layout) or [batch, stride] (padded)
+  int32_t* path = nullptr;          // same layout as tokens; may be null
+  int32_t* num_accepted = nullptr;  // [batch]
+  int32_t* status = nullptr;        // [batch] VerifyStatus
+  int32_t stride = 0;               // 0: node layout; > 0: padded rows of `stride` elements
+};
+
+enum class VerifyStatus : int32_t {
+  kOk = 0,
+  kBadTree = 1,               // offsets out of [0, num_nodes] or empty; parents break the rules
+  kBadToken = 2,              // a draft token outside [0, vocab); greedy tokens: negative target token
+  kBadTargetRow = 3,          // a visited target row: NaN (greedy); non-finite, negative or zero sum
+  kBadDraftRow = 4,           // a visited draft row: non-finite, negative or zero sum
+  kZeroDraftProbability = 5,  // a drafted token has draft probability 0
+  kRepeatedSibling = 6,       // kWithoutReplacement siblings with the same token
+  kTooManyChildren = 7,       // a visited node has more than kMaxVerifyChildren children
+  kOutputTooSmall = 8,        // padded outputs: the request has more nodes than `stride`
+};
+
+inline constexpr int32_t kMaxVerifyChildren = 64;
+
+// The checks of each call (sizes and pointers, not contents), shared by the CPU functions and
+// the CUDA launchers.
+Status validate_verify_greedy(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
+Status validate_verify_greedy_tokens(const TreeBatchView& trees, const int32_t* target_tokens,
+                                     const VerifyOutputs& out);
+Status validate_verify_stochastic(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
+                                  DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out);
+
+// Greedy from the target's logits/scores: target.rows >= num_nodes.
+Status verify_greedy_batch_cpu(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
+// Greedy from the target's argmax per node: target_tokens [num_nodes].
+Status verify_greedy_tokens_batch_cpu(const TreeBatchView& trees, const int32_t* target_tokens,
+                                      const VerifyOutputs& out);
+// Stochastic from probability rows (float32, [rows >= num_nodes, vocab]); draft may be null
+// (deterministic proposals; `sampling` is ignored then); rng [batch].
+Status verify_stochastic_batch_cpu(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
+                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out);
+
+}  // namespace specd

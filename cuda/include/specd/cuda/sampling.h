@@ -1,0 +1,43 @@
+// CUDA batched sampling: the rules of specd/sampling_batch.h (CPU versions sample_tokens_cpu
+// and sampling_probs_batch_cpu, which run the same row algorithm on one thread) on the
+// device, one thread block per row, on the caller's stream, without host synchronization.
+//
+// All pointers are device pointers except the LogitRows struct itself (host memory that
+// describes device memory):
+//   logits.data  [rows, stride] of logits.dtype
+//   params       [rows] SamplingParams of each row (validated per row on the device)
+//   rng          [rows] RngKey of each row (read only by rows with temperature > 0)
+//   tokens       [rows] int32 out: the sampled token, -1 where status != 0
+//   probs        [rows, vocab] float32 out: sampling_probs of each row, zeros where status != 0
+//   status       [rows] int32 out: SampleStatus
+// Returns cudaErrorInvalidValue when validate_sample_tokens / validate_sampling_probs_batch
+// fails, cudaSuccess without launching for rows == 0, else the launch error.
+//
+// Equality with the CPU: the same per-element formulas and the same decisions, so tokens and
+// probabilities agree except where the order of a double sum matters: the kernels add in a
+// fixed tree order (deterministic run to run), the CPU sequentially, and the device exp() may
+// differ from the host's in the last bit. A token can differ only when a draw lands within
+// ~1e-15 (relative) of a CDF step, or a top-k/top-p/min-p cut falls on values that differ in
+// their last bit (e.g. exact ties whose top-p mass meets top_p exactly after a top-k
+// renormalization); a probability may differ by one float ulp.
+//
+// Cost per row: one pass over the logits for greedy rows; for sampled rows about 5 passes,
+// plus 9 per top-k/top-p selection (radix selection, no sort) and 2 for min-p. Each pass
+// recomputes exp() instead of storing a [rows, vocab] double workspace.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "specd/sampling_batch.h"
+
+namespace specd::cuda {
+
+cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                          int32_t* tokens, int32_t* status, cudaStream_t stream);
+
+cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
+                                 int32_t* status, cudaStream_t stream);
+
+}  // namespace specd::cuda

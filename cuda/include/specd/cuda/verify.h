@@ -1,0 +1,49 @@
+// CUDA batched verification: the rules of specd/verify_batch.h (CPU versions
+// verify_*_batch_cpu, which run the same per-request algorithm on one thread) on the device,
+// on the caller's stream, without host synchronization. Each request's result equals the
+// single-request CPU reference (verify_greedy / verify_greedy_tokens / verify_stochastic) for
+// the same inputs and RngKey.
+//
+// All pointers are device pointers except the structs themselves (host memory describing
+// device memory); layouts as in verify_batch.h:
+//   trees.node_offsets [batch + 1], trees.parents / trees.tokens [num_nodes]
+//   target / draft rows [rows >= num_nodes, stride]: row of global node n = n
+//   target_tokens [num_nodes] (greedy tokens: the target's argmax per node)
+//   rng [batch]
+//   out.tokens / out.path [num_nodes] (node layout) or [batch, out.stride] (padded layout),
+//   out.num_accepted / out.status [batch]
+// Returns cudaErrorInvalidValue when the matching validate_verify_* fails, cudaSuccess
+// without launching for batch == 0, else the launch error. Input errors of one request are
+// reported in out.status[r] (VerifyStatus), never as a failed call.
+//
+// Launch shapes: greedy and stochastic use one block of 256 threads per request (a row pass
+// is a strided block loop with block reductions); greedy tokens uses one thread per request.
+// Stochastic verification recomputes the residual distribution of a node from its rows and
+// the totals of the siblings rejected so far (at most kMaxVerifyChildren, kept in shared
+// memory), so a node whose j-th child is tried costs O(j * vocab) per pass.
+//
+// Equality with the CPU: tokens agree except when a random draw lands within ~1e-15
+// (relative) of an acceptance or CDF boundary, because the kernels' double sums are tree
+// sums and the CPU's are sequential (see cuda/sampling.h); greedy results agree exactly.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "specd/verify_batch.h"
+
+namespace specd::cuda {
+
+cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
+                                cudaStream_t stream);
+
+cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t* target_tokens,
+                                       const VerifyOutputs& out, cudaStream_t stream);
+
+// draft == nullptr: no draft rows (deterministic proposals; `sampling` is ignored).
+cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
+                                    DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                    cudaStream_t stream);
+
+}  // namespace specd::cuda

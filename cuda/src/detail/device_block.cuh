@@ -1,0 +1,126 @@
+// DeviceBlock<kThreads>: the Block concept of the shared row algorithms
+// (cpp/include/specd/detail/serial_block.h) for one CUDA thread block of exactly kThreads
+// threads. Used by the sampling and verification kernels.
+//
+// Determinism: a reduction is a warp butterfly (every lane ends with the same bits, as the
+// operations used are commutative), then every thread folds the per-warp partials in warp
+// order. A scan is a Hillis-Steele warp scan plus the sum of the earlier warps' totals. No
+// floating-point atomics: the histogram adds integers only. So results depend on kThreads
+// but never on scheduling.
+//
+// Barriers: each collective ends with __syncthreads() after its last read of shared
+// scratch, so back-to-back collectives never overwrite data still being read;
+// hist_clear() starts with one, so the previous histogram may be read until then.
+#pragma once
+
+#include <cstdint>
+
+#include "specd/detail/sampling_rules.h"
+
+namespace specd::cuda::detail {
+
+template <int kThreads>
+class DeviceBlock {
+  static_assert(kThreads % 32 == 0 && kThreads >= 32 && kThreads <= 1024, "whole warps, at most 1024 threads");
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+ public:
+  // Shared scratch: declare one `__shared__ Shared` per block and pass its address.
+  struct Shared {
+    union {
+      double d[kWarps];
+      int32_t i[kWarps];
+      specd::detail::ArgMax a[kWarps];
+    } partial;
+    unsigned int hist_count[256];
+    unsigned long long hist_mass[256];
+  };
+
+  __device__ explicit DeviceBlock(Shared* shared) : s_(shared) {}
+
+  __device__ int32_t rank() const { return static_cast<int32_t>(threadIdx.x); }
+  __device__ int32_t size() const { return kThreads; }
+  __device__ void sync() { __syncthreads(); }
+
+  template <class T>
+  __device__ T sum(T v) {
+    return reduce(v, [](T a, T b) { return a + b; });
+  }
+  template <class T>
+  __device__ T max(T v) {
+    return reduce(v, [](T a, T b) { return a > b ? a : b; });
+  }
+  template <class T>
+  __device__ T min(T v) {
+    return reduce(v, [](T a, T b) { return a < b ? a : b; });
+  }
+  __device__ specd::detail::ArgMax argmax(specd::detail::ArgMax v) {
+    return reduce(v, [](specd::detail::ArgMax a, specd::detail::ArgMax b) { return specd::detail::better(a, b); });
+  }
+  __device__ bool any(bool v) { return __syncthreads_or(v ? 1 : 0) != 0; }
+
+  // Sum of v over the threads of lower rank (0 for rank 0).
+  template <class T>
+  __device__ T exclusive_sum(T v) {
+    const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+    T inclusive = v;
+    for (int d = 1; d < 32; d <<= 1) {
+      const T up = __shfl_up_sync(kFullMask, inclusive, d);
+      if (lane >= d) inclusive = up + inclusive;
+    }
+    T exclusive = __shfl_up_sync(kFullMask, inclusive, 1);
+    if (lane == 0) exclusive = T(0);
+    T* part = slots(static_cast<T*>(nullptr));
+    if (lane == 31) part[warp] = inclusive;
+    __syncthreads();
+    T prefix = T(0);
+    for (int w = 0; w < warp; ++w) prefix += part[w];
+    __syncthreads();
+    return prefix + exclusive;
+  }
+
+  __device__ void hist_clear() {
+    __syncthreads();  // readers of the previous histogram are done
+    for (int b = static_cast<int>(threadIdx.x); b < 256; b += kThreads) {
+      s_->hist_count[b] = 0u;
+      s_->hist_mass[b] = 0ull;
+    }
+    __syncthreads();
+  }
+  __device__ void hist_add(int32_t bin, uint64_t mass) {
+    atomicAdd(&s_->hist_count[bin], 1u);
+    if (mass != 0) atomicAdd(&s_->hist_mass[bin], static_cast<unsigned long long>(mass));
+  }
+  __device__ void hist_done() { __syncthreads(); }
+  __device__ uint32_t hist_count(int32_t bin) const { return s_->hist_count[bin]; }
+  __device__ uint64_t hist_mass(int32_t bin) const { return s_->hist_mass[bin]; }
+
+ private:
+  __device__ double* slots(double*) { return s_->partial.d; }
+  __device__ int32_t* slots(int32_t*) { return s_->partial.i; }
+  __device__ specd::detail::ArgMax* slots(specd::detail::ArgMax*) { return s_->partial.a; }
+
+  __device__ static double shfl_xor(double v, int m) { return __shfl_xor_sync(kFullMask, v, m); }
+  __device__ static int32_t shfl_xor(int32_t v, int m) { return __shfl_xor_sync(kFullMask, v, m); }
+  __device__ static specd::detail::ArgMax shfl_xor(specd::detail::ArgMax v, int m) {
+    return specd::detail::ArgMax{__shfl_xor_sync(kFullMask, v.value, m), __shfl_xor_sync(kFullMask, v.index, m)};
+  }
+
+  template <class T, class Op>
+  __device__ T reduce(T v, Op op) {
+    for (int m = 16; m > 0; m >>= 1) v = op(v, shfl_xor(v, m));
+    T* part = slots(static_cast<T*>(nullptr));
+    const int warp = static_cast<int>(threadIdx.x) >> 5;
+    if ((threadIdx.x & 31) == 0) part[warp] = v;
+    __syncthreads();
+    T r = part[0];
+    for (int w = 1; w < kWarps; ++w) r = op(r, part[w]);
+    __syncthreads();
+    return r;
+  }
+
+  Shared* s_;
+};
+
+}  // namespace specd::cuda::detail

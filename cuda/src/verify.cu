@@ -1,0 +1,91 @@
+#include "specd/cuda/verify.h"
+
+#include "detail/device_block.cuh"
+#include "specd/detail/logit_rows.h"
+#include "specd/detail/serial_block.h"
+#include "specd/detail/verify_walk.h"
+
+namespace specd::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTokensThreads = 128;  // greedy tokens: requests per block, one thread each
+using Block = detail::DeviceBlock<kThreads>;
+using specd::detail::Emitter;
+using specd::detail::RequestNodes;
+
+// Kernel arguments are passed by value: their pointers are device pointers.
+
+template <class Row>
+__global__ void __launch_bounds__(kThreads)
+    verify_greedy_kernel(TreeBatchView trees, LogitRows target, VerifyOutputs out) {
+  __shared__ Block::Shared shared;
+  Block b(&shared);
+  const auto r = static_cast<int32_t>(blockIdx.x);
+  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+      const Row row = Row::at(target.data, int64_t{n.begin + node} * target.stride);
+      return specd::detail::row_argmax(b, row, target.vocab, token);
+    });
+  });
+}
+
+__global__ void verify_greedy_tokens_kernel(TreeBatchView trees, const int32_t* target_tokens, VerifyOutputs out) {
+  const int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (r >= trees.batch) return;
+  specd::detail::SerialBlock b;  // this thread alone verifies request r
+  specd::detail::verify_request(b, trees, static_cast<int32_t>(r), 0, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+      *token = target_tokens[n.begin + node];
+      return *token < 0 ? VerifyStatus::kBadToken : VerifyStatus::kOk;
+    });
+  });
+}
+
+// draft.data == nullptr: no draft rows.
+__global__ void __launch_bounds__(kThreads)
+    verify_stochastic_kernel(TreeBatchView trees, ProbRows target, ProbRows draft, DraftSampling sampling,
+                             const RngKey* rng, VerifyOutputs out) {
+  __shared__ Block::Shared shared;
+  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
+  Block b(&shared);
+  const auto r = static_cast<int32_t>(blockIdx.x);
+  const RngKey key = rng[r];
+  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::stochastic_walk(b, n, e, target, draft, sampling, key, rejected);
+  });
+}
+
+}  // namespace
+
+cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
+                                cudaStream_t stream) {
+  if (!validate_verify_greedy(trees, target, out).ok()) return cudaErrorInvalidValue;
+  if (trees.batch == 0) return cudaSuccess;
+  return specd::detail::dispatch_logits_dtype(target.dtype, [&](auto row) {
+    verify_greedy_kernel<decltype(row)><<<static_cast<unsigned>(trees.batch), kThreads, 0, stream>>>(trees, target, out);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t* target_tokens,
+                                       const VerifyOutputs& out, cudaStream_t stream) {
+  if (!validate_verify_greedy_tokens(trees, target_tokens, out).ok()) return cudaErrorInvalidValue;
+  if (trees.batch == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((int64_t{trees.batch} + kTokensThreads - 1) / kTokensThreads);
+  verify_greedy_tokens_kernel<<<blocks, kTokensThreads, 0, stream>>>(trees, target_tokens, out);
+  return cudaGetLastError();
+}
+
+cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
+                                    DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                    cudaStream_t stream) {
+  if (!validate_verify_stochastic(trees, target, draft, sampling, rng, out).ok()) return cudaErrorInvalidValue;
+  if (trees.batch == 0) return cudaSuccess;
+  const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
+  verify_stochastic_kernel<<<static_cast<unsigned>(trees.batch), kThreads, 0, stream>>>(trees, target, draft_rows,
+                                                                                        sampling, rng, out);
+  return cudaGetLastError();
+}
+
+}  // namespace specd::cuda

@@ -1,0 +1,178 @@
+// The CUDA batched-sampling kernels against the CPU: tokens equal to sampling_probs +
+// sample_token (same seed, same token) and to sample_tokens_cpu, probabilities equal to
+// sampling_probs_batch_cpu within one float ulp, per-row statuses equal, on random rows with
+// ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
+// (many chunks per thread). Skips, saying why, without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "sampling_batch_test_util.h"
+#include "specd/cuda/sampling.h"
+#include "specd/detail/bits.h"
+#include "specd/sampling_batch.h"
+
+namespace specd::testing {
+namespace {
+
+struct GpuSampling {
+  std::vector<int32_t> tokens, token_status, probs_status;
+  std::vector<float> probs;
+};
+
+// Runs both kernels on `logits` (host data of `bytes` bytes, described by `rows`).
+template <class T>
+void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c, GpuSampling* out) {
+  DeviceBuffer<T> logits(host_logits);
+  DeviceBuffer<SamplingParams> params(c.params);
+  DeviceBuffer<RngKey> keys(c.keys);
+  DeviceBuffer<int32_t> tokens(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+  DeviceBuffer<int32_t> st1(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+  DeviceBuffer<int32_t> st2(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+  DeviceBuffer<float> probs(std::vector<float>(static_cast<std::size_t>(c.rows) * c.vocab, -1.0f));
+  ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && st1.get() && st2.get() && probs.get());
+  rows.data = logits.get();
+  cudaStream_t stream = nullptr;
+  SPECD_CUDA_OK(cudaStreamCreate(&stream));
+  SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), st1.get(), stream));
+  SPECD_CUDA_OK(cuda::sampling_probs_batch(rows, params.get(), probs.get(), st2.get(), stream));
+  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
+  SPECD_CUDA_OK(cudaStreamDestroy(stream));
+  out->tokens = tokens.to_host();
+  out->token_status = st1.to_host();
+  out->probs_status = st2.to_host();
+  out->probs = probs.to_host();
+}
+
+// Distance in float ulps (same sign assumed: probabilities are >= 0).
+int64_t ulps(float a, float b) {
+  int32_t ia = 0, ib = 0;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::llabs(int64_t{ia} - int64_t{ib});
+}
+
+// GPU vs the batch CPU version and the references, for rows decoded to `decoded` floats.
+void expect_gpu_matches(const SamplingCase& decoded, const LogitRows& cpu_rows, const GpuSampling& gpu,
+                        const std::string& what) {
+  const SamplingExpected want = expected_sampling(decoded);
+  std::vector<int32_t> cpu_tokens(static_cast<std::size_t>(decoded.rows)), cpu_status(cpu_tokens.size());
+  std::vector<float> cpu_probs(want.probs.size());
+  ASSERT_TRUE(sample_tokens_cpu(cpu_rows, decoded.params.data(), decoded.keys.data(), cpu_tokens.data(), cpu_status.data()).ok());
+  EXPECT_EQ(gpu.token_status, cpu_status) << what;
+  EXPECT_EQ(gpu.probs_status, cpu_status) << what;
+  EXPECT_EQ(gpu.tokens, cpu_tokens) << what;
+  ASSERT_TRUE(sampling_probs_batch_cpu(cpu_rows, decoded.params.data(), cpu_probs.data(), cpu_status.data()).ok());
+  int64_t worst = 0;
+  for (std::size_t k = 0; k < cpu_probs.size(); ++k) worst = std::max(worst, ulps(gpu.probs[k], cpu_probs[k]));
+  EXPECT_LE(worst, 1) << what << ": probabilities differ by " << worst << " float ulps";
+  for (std::size_t r = 0; r < want.tokens.size(); ++r)
+    EXPECT_EQ(gpu.tokens[r], want.tokens[r]) << what << " row " << r << " (reference sampling_probs + sample_token)";
+}
+
+TEST(SamplingCuda, MatchesCpuOnRandomRows) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(21);
+  for (int32_t vocab : {1, 2, 3, 31, 32, 33, 511, 512, 513, 5000}) {
+    const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 64 : 300, vocab);
+    GpuSampling gpu;
+    run_gpu(c.logits, c.view(), c, &gpu);
+    if (HasFatalFailure()) return;
+    expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab));
+  }
+}
+
+TEST(SamplingCuda, LargeVocabulariesMatchCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(22);
+  for (int32_t vocab : {32000, 151936}) {
+    const SamplingCase c = random_sampling_case(&g, 12, vocab);
+    GpuSampling gpu;
+    run_gpu(c.logits, c.view(), c, &gpu);
+    if (HasFatalFailure()) return;
+    expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab));
+  }
+}
+
+TEST(SamplingCuda, HalfAndBFloat16Logits) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(23);
+  const SamplingCase c = random_sampling_case(&g, 200, 300);
+  for (LogitsDtype dtype : {LogitsDtype::kFloat16, LogitsDtype::kBFloat16}) {
+    std::vector<uint16_t> words(c.logits.size());
+    SamplingCase decoded = c;
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      words[i] = dtype == LogitsDtype::kFloat16 ? static_cast<uint16_t>(g() % 0x5000) | static_cast<uint16_t>(g() % 2 << 15)
+                                                : static_cast<uint16_t>(0x3800 + g() % 0x800) | static_cast<uint16_t>(g() % 2 << 15);
+      if (g() % 13 == 0) words[i] = dtype == LogitsDtype::kFloat16 ? 0xFC00 : 0xFF80;  // -inf
+      decoded.logits[i] = dtype == LogitsDtype::kFloat16 ? detail::half_to_float(words[i]) : detail::bfloat16_to_float(words[i]);
+    }
+    const LogitRows rows{words.data(), dtype, c.rows, c.vocab, c.stride};
+    GpuSampling gpu;
+    run_gpu(words, rows, c, &gpu);
+    if (HasFatalFailure()) return;
+    expect_gpu_matches(decoded, rows, gpu, dtype == LogitsDtype::kFloat16 ? "fp16" : "bf16");
+  }
+}
+
+TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
+  SPECD_SKIP_WITHOUT_GPU();
+  SamplingCase c;
+  c.rows = 4;
+  c.vocab = 3;
+  c.stride = 3;
+  c.logits = {0, NAN, 1, /**/ 0, INFINITY, 1, /**/ -INFINITY, -INFINITY, -INFINITY, /**/ 0, 1, 2};
+  SamplingParams bad;
+  bad.temperature = -1;
+  c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
+  c.keys.assign(4, RngKey{});
+  GpuSampling gpu;
+  run_gpu(c.logits, c.view(), c, &gpu);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(gpu.token_status, (std::vector<int32_t>{2, 2, 3, 1}));
+  EXPECT_EQ(gpu.probs_status, gpu.token_status);
+  EXPECT_EQ(gpu.tokens, std::vector<int32_t>(4, -1));
+  EXPECT_EQ(gpu.probs, std::vector<float>(12, 0.0f));
+}
+
+TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(24);
+  const SamplingCase c = random_sampling_case(&g, 100, 2000);
+  GpuSampling a, b;
+  run_gpu(c.logits, c.view(), c, &a);
+  run_gpu(c.logits, c.view(), c, &b);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.probs, b.probs);
+}
+
+TEST(SamplingCuda, RejectsInvalidSizesWithoutLaunching) {
+  // Validation happens on the host, so this runs without a device too.
+  float x = 0;
+  SamplingParams s;
+  RngKey k;
+  int32_t t = 0, st = 0;
+  EXPECT_EQ(cuda::sample_tokens(LogitRows{&x, LogitsDtype::kFloat32, 1, 4, 3}, &s, &k, &t, &st, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::sample_tokens(LogitRows{&x, LogitsDtype::kFloat32, 1, 1, 1}, &s, nullptr, &t, &st, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::sampling_probs_batch(LogitRows{nullptr, LogitsDtype::kFloat32, 1, 1, 1}, &s, &x, &st, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::sampling_probs_batch(LogitRows{&x, static_cast<LogitsDtype>(5), 1, 1, 1}, &s, &x, &st, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::sample_tokens(LogitRows{nullptr, LogitsDtype::kFloat32, 0, 1, 1}, nullptr, nullptr, nullptr, nullptr,
+                                nullptr),
+            cudaSuccess);
+}
+
+}  // namespace
+}  // namespace specd::testing

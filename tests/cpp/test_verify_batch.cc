@@ -1,0 +1,220 @@
+// Batched verification on the CPU (the CUDA kernels' per-request algorithm run by one
+// thread) against the single-request references verify_greedy / verify_greedy_tokens /
+// verify_stochastic: equal tokens, paths and counts on random batches of chains and trees
+// with mixed k (0 included), with and without draft rows, both draft sampling modes; the
+// per-request statuses of bad inputs; and residual_probs against verify.cc's vector updates.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "block_manager_test_util.h"
+#include "specd/detail/verify_walk.h"
+#include "specd/detail/logit_rows.h"
+#include "specd/verify_batch.h"
+#include "threaded_block.h"
+#include "verify_batch_test_util.h"
+
+namespace specd::testing {
+namespace {
+
+// verify.cc's residual updates on whole vectors, for comparison.
+void reference_residuals(std::vector<double>* p, std::vector<double>* q, const std::vector<int32_t>& rejected,
+                         bool has_draft, bool without_replacement, std::vector<detail::Rejection>* totals) {
+  for (int32_t x : rejected) {
+    detail::Rejection r{x, 0, 0};
+    if (has_draft) {
+      std::vector<double> residual(p->size());
+      for (std::size_t i = 0; i < p->size(); ++i) residual[i] = std::max(0.0, (*p)[i] - (*q)[i]);
+      for (double v : residual) r.p_total += v;
+      if (r.p_total > 0) {
+        for (double& v : residual) v /= r.p_total;
+        p->swap(residual);
+      }
+      if (without_replacement) {
+        (*q)[static_cast<std::size_t>(x)] = 0;
+        for (double v : *q) r.q_total += v;
+        if (r.q_total > 0)
+          for (double& v : *q) v /= r.q_total;
+      }
+    } else {
+      (*p)[static_cast<std::size_t>(x)] = 0;
+      for (double v : *p) r.p_total += v;
+      if (r.p_total > 0)
+        for (double& v : *p) v /= r.p_total;
+    }
+    totals->push_back(r);
+  }
+}
+
+TEST(VerifyBatchHelpers, ResidualProbsEqualTheVectorUpdates) {
+  std::mt19937_64 g(8);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t vocab = 2 + static_cast<int32_t>(g() % 20);
+    std::vector<double> p0(static_cast<std::size_t>(vocab)), q0(p0.size());
+    double sp = 0, sq = 0;
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      p0[i] = g() % 4 == 0 ? 0.0 : static_cast<double>(g() % 1000);
+      q0[i] = g() % 4 == 0 ? 0.0 : static_cast<double>(g() % 1000);
+      sp += p0[i];
+      sq += q0[i];
+    }
+    if (sp == 0 || sq == 0) continue;
+    for (std::size_t i = 0; i < p0.size(); ++i) {
+      p0[i] /= sp;
+      q0[i] /= sq;
+    }
+    const bool has_draft = g() % 3 != 0, wor = g() % 2 == 0;
+    std::vector<int32_t> rejected;
+    for (int32_t j = 0; j < 1 + static_cast<int32_t>(g() % 6); ++j) rejected.push_back(static_cast<int32_t>(g() % static_cast<uint64_t>(vocab)));
+    std::vector<double> p = p0, q = q0;
+    std::vector<detail::Rejection> totals;
+    reference_residuals(&p, &q, rejected, has_draft, wor, &totals);
+    for (int32_t i = 0; i < vocab; ++i) {
+      double pi = 0, qi = 0;
+      detail::residual_probs(p0[static_cast<std::size_t>(i)], q0[static_cast<std::size_t>(i)], i, totals.data(),
+                             static_cast<int32_t>(totals.size()), has_draft, wor, &pi, &qi);
+      ASSERT_EQ(pi, p[static_cast<std::size_t>(i)]) << "trial " << trial << " token " << i;
+      if (has_draft) ASSERT_EQ(qi, q[static_cast<std::size_t>(i)]) << "trial " << trial << " token " << i;
+    }
+  }
+}
+
+class VerifyBatchCpu : public ::testing::TestWithParam<KindCase> {};
+
+TEST_P(VerifyBatchCpu, MatchesSingleRequestReference) {
+  const KindCase& k = GetParam();
+  for (int32_t vocab : {2, 5, 33, 1000}) {
+    const BatchRun run = make_run(100 + static_cast<uint64_t>(vocab), 150, vocab, k.how, k.kind);
+    BatchOutputs out(run.c.batch(), run.c.num_nodes());
+    run_cpu(run, k.kind, &out);
+    EXPECT_EQ(compare_verify(run.c, run.want, out, std::string(k.name) + " vocab " + std::to_string(vocab)), 0);
+    expect_error_codes(run, out);
+    int64_t accepted = 0;
+    for (int32_t a : out.num_accepted) accepted += a;
+    EXPECT_GT(accepted, 0) << "no draft was accepted: the case tests little";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, VerifyBatchCpu,
+    ::testing::Values(KindCase{"greedy_rows", Proposal::kGreedy, VerifyKind::kGreedyRows},
+                      KindCase{"greedy_tokens", Proposal::kGreedy, VerifyKind::kGreedyTokens},
+                      KindCase{"draft_without_replacement", Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic},
+                      KindCase{"draft_independent", Proposal::kDraftIndependent, VerifyKind::kStochastic},
+                      KindCase{"one_hot", Proposal::kOneHot, VerifyKind::kStochasticNoDraft}),
+    [](const ::testing::TestParamInfo<KindCase>& info) { return std::string(info.param.name); });
+
+// The per-request algorithm with several threads per request, as the kernels run it.
+void run_threaded_batch(const VerifyCase& c, VerifyKind kind, int32_t threads, BatchOutputs* out) {
+  const TreeBatchView trees = c.view();
+  const VerifyOutputs o = out->view();
+  detail::Rejection rejected[kMaxVerifyChildren];
+  for (int32_t r = 0; r < c.batch(); ++r) {
+    run_threaded(threads, [&](ThreadedBlock& b) {
+      const int32_t vocab = kind == VerifyKind::kGreedyTokens ? 0 : c.vocab;
+      detail::verify_request(b, trees, r, vocab, o, [&](const detail::RequestNodes& n, detail::Emitter& e) {
+        switch (kind) {
+          case VerifyKind::kGreedyRows:
+            return detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+              return detail::row_argmax(b, detail::Float32Row::at(c.logits.data(), int64_t{n.begin + node} * c.stride),
+                                        c.vocab, token);
+            });
+          case VerifyKind::kGreedyTokens:
+            return detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+              *token = c.target_tokens[static_cast<std::size_t>(n.begin + node)];
+              return *token < 0 ? VerifyStatus::kBadToken : VerifyStatus::kOk;
+            });
+          case VerifyKind::kStochastic:
+            return detail::stochastic_walk(b, n, e, c.target_rows(), c.draft_rows(), c.sampling,
+                                           c.keys[static_cast<std::size_t>(r)], rejected);
+          case VerifyKind::kStochasticNoDraft:
+            break;
+        }
+        return detail::stochastic_walk(b, n, e, c.target_rows(), ProbRows{}, c.sampling,
+                                       c.keys[static_cast<std::size_t>(r)], rejected);
+      });
+    });
+  }
+}
+
+TEST_P(VerifyBatchCpu, PaddedOutputsHoldTheSameResults) {
+  const KindCase& k = GetParam();
+  const BatchRun run = make_run(400, 80, 20, k.how, k.kind);
+  const int32_t stride = max_request_nodes(run.c) + 2;
+  BatchOutputs out(run.c.batch(), run.c.num_nodes(), stride);
+  run_cpu(run, k.kind, &out);
+  EXPECT_EQ(compare_verify(run.c, run.want, out, std::string(k.name) + " padded"), 0);
+  expect_error_codes(run, out);
+  // A row too short for a request's nodes: kOutputTooSmall, the row all -1.
+  BatchOutputs narrow(run.c.batch(), run.c.num_nodes(), 3);
+  run_cpu(run, k.kind, &narrow);
+  for (int32_t r = 0; r + 1 < run.c.batch(); ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    if (run.c.offsets[ur + 1] - run.c.offsets[ur] <= 3) continue;
+    EXPECT_EQ(narrow.status[ur], static_cast<int32_t>(VerifyStatus::kOutputTooSmall)) << "request " << r;
+    EXPECT_EQ(narrow.num_accepted[ur], 0);
+    EXPECT_EQ(std::vector<int32_t>(narrow.tokens.begin() + r * 3, narrow.tokens.begin() + r * 3 + 3), std::vector<int32_t>(3, -1));
+  }
+}
+
+TEST_P(VerifyBatchCpu, SeveralThreadsPerRequestMatchOneThread) {
+  const KindCase& k = GetParam();
+  for (int32_t threads : {2, 5}) {
+    for (int32_t vocab : {3, 40, 300}) {
+      const BatchRun run = make_run(200 + static_cast<uint64_t>(vocab), 60, vocab, k.how, k.kind);
+      BatchOutputs serial(run.c.batch(), run.c.num_nodes()), threaded(run.c.batch(), run.c.num_nodes());
+      run_cpu(run, k.kind, &serial);
+      run_threaded_batch(run.c, k.kind, threads, &threaded);
+      const std::string what = std::string(k.name) + " vocab " + std::to_string(vocab) + " threads " + std::to_string(threads);
+      EXPECT_EQ(threaded.status, serial.status) << what;
+      EXPECT_EQ(threaded.num_accepted, serial.num_accepted) << what;
+      EXPECT_EQ(threaded.tokens, serial.tokens) << what;
+      EXPECT_EQ(threaded.path, serial.path) << what;
+    }
+  }
+}
+
+// The losslessness harness of the GPU test, run on the batched CPU version.
+TEST(VerifyBatchCpuLossless, FirstTokenFollowsTheTarget) {
+  for (const auto& [how, kind] : {std::pair{Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic},
+                                  std::pair{Proposal::kDraftIndependent, VerifyKind::kStochastic},
+                                  std::pair{Proposal::kOneHot, VerifyKind::kStochasticNoDraft}}) {
+    const LosslessBatch batch = make_lossless_batch(how, 30000);
+    BatchOutputs out(batch.run.c.batch(), batch.run.c.num_nodes());
+    run_cpu(batch.run, kind, &out);
+    expect_first_token_follows_target(batch, out, "CPU batch");
+  }
+}
+
+TEST(VerifyBatchCpuValidation, RejectsBadSizesAndPointers) {
+  std::mt19937_64 g(1);
+  VerifyCase c = random_verify_case(&g, 3, 7, Proposal::kDraftWithoutReplacement);
+  BatchOutputs out(c.batch(), c.num_nodes());
+  ProbRows short_rows = c.target_rows();
+  short_rows.rows = c.num_nodes() - 1;
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), short_rows, nullptr, c.sampling, c.keys.data(), out.view()),
+                    kInvalidArgument);
+  ProbRows other_vocab = c.draft_rows();
+  other_vocab.vocab = 6;
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &other_vocab, c.sampling, c.keys.data(),
+                                                out.view()), kInvalidArgument);
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), nullptr, c.sampling, nullptr, out.view()),
+                    kInvalidArgument);
+  VerifyOutputs no_status = out.view();
+  no_status.status = nullptr;
+  SPECD_EXPECT_CODE(verify_greedy_tokens_batch_cpu(c.view(), c.target_tokens.data(), no_status), kInvalidArgument);
+  TreeBatchView negative = c.view();
+  negative.batch = -1;
+  SPECD_EXPECT_CODE(verify_greedy_tokens_batch_cpu(negative, c.target_tokens.data(), out.view()), kInvalidArgument);
+  SPECD_EXPECT_CODE(verify_greedy_batch_cpu(c.view(), LogitRows{c.logits.data(), LogitsDtype::kFloat32, 1, 7, 7}, out.view()),
+                    kInvalidArgument);
+  // Path is optional; an empty batch is fine.
+  VerifyOutputs no_path = out.view();
+  no_path.path = nullptr;
+  SPECD_ASSERT_OK(verify_greedy_tokens_batch_cpu(c.view(), c.target_tokens.data(), no_path));
+  SPECD_ASSERT_OK(verify_greedy_tokens_batch_cpu(TreeBatchView{}, nullptr, VerifyOutputs{}));
+}
+
+}  // namespace
+}  // namespace specd::testing

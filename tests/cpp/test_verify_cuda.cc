@@ -1,0 +1,175 @@
+// The CUDA batched-verification kernels against the CPU: every output (tokens, path, counts,
+// statuses) equal to the batched CPU version, and results equal to the single-request
+// references, on random batches of chains and trees with mixed k (0 included), with and
+// without draft rows, both draft sampling modes, plus requests with bad inputs; and a
+// statistical check that GPU stochastic verification is lossless (the first emitted token
+// follows the target distribution, chi-square). Skips, saying why, without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "specd/cuda/verify.h"
+#include "specd/verify_batch.h"
+#include "verify_batch_test_util.h"
+
+namespace specd::testing {
+namespace {
+
+// Uploads the run's inputs, runs the kernel of `kind`, downloads `out`.
+void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true) {
+  DeviceBuffer<int32_t> offsets(c.offsets), parents(c.parents), tokens(c.tokens), target_tokens(c.target_tokens);
+  DeviceBuffer<float> target(c.target), draft(c.draft), logits(c.logits);
+  DeviceBuffer<RngKey> keys(c.keys);
+  DeviceBuffer<int32_t> o_tokens(out->tokens), o_path(out->path), o_accepted(out->num_accepted), o_status(out->status);
+  ASSERT_TRUE(offsets.get() && parents.get() && tokens.get() && target_tokens.get() && target.get() && draft.get() &&
+              logits.get() && keys.get() && o_tokens.get() && o_path.get() && o_accepted.get() && o_status.get());
+  const TreeBatchView trees{offsets.get(), parents.get(), tokens.get(), c.batch(), c.num_nodes()};
+  const VerifyOutputs o{o_tokens.get(), with_path ? o_path.get() : nullptr, o_accepted.get(), o_status.get(),
+                        out->stride};
+  const ProbRows p{target.get(), c.num_nodes(), c.vocab, c.stride}, q{draft.get(), c.num_nodes(), c.vocab, c.stride};
+  cudaStream_t stream = nullptr;
+  SPECD_CUDA_OK(cudaStreamCreate(&stream));
+  switch (kind) {
+    case VerifyKind::kGreedyRows:
+      SPECD_CUDA_OK(cuda::verify_greedy_batch(
+          trees, LogitRows{logits.get(), LogitsDtype::kFloat32, c.num_nodes(), c.vocab, c.stride}, o, stream));
+      break;
+    case VerifyKind::kGreedyTokens:
+      SPECD_CUDA_OK(cuda::verify_greedy_tokens_batch(trees, target_tokens.get(), o, stream));
+      break;
+    case VerifyKind::kStochastic:
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, &q, c.sampling, keys.get(), o, stream));
+      break;
+    case VerifyKind::kStochasticNoDraft:
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, nullptr, c.sampling, keys.get(), o, stream));
+      break;
+  }
+  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
+  SPECD_CUDA_OK(cudaStreamDestroy(stream));
+  out->tokens = o_tokens.to_host();
+  out->path = o_path.to_host();
+  out->num_accepted = o_accepted.to_host();
+  out->status = o_status.to_host();
+}
+
+class VerifyCuda : public ::testing::TestWithParam<KindCase> {};
+
+TEST_P(VerifyCuda, MatchesCpuBatchAndReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  const KindCase& k = GetParam();
+  for (int32_t vocab : {2, 5, 33, 257, 1000, 32000}) {
+    const BatchRun run = make_run(300 + static_cast<uint64_t>(vocab), vocab >= 32000 ? 24 : 150, vocab, k.how, k.kind);
+    const std::string what = std::string(k.name) + " vocab " + std::to_string(vocab);
+    BatchOutputs gpu(run.c.batch(), run.c.num_nodes()), cpu(run.c.batch(), run.c.num_nodes());
+    run_gpu(run.c, k.kind, &gpu);
+    run_cpu(run, k.kind, &cpu);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(gpu.status, cpu.status) << what;
+    EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << what;
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << what;
+    EXPECT_EQ(gpu.path, cpu.path) << what;
+    EXPECT_EQ(compare_verify(run.c, run.want, gpu, what), 0);
+    expect_error_codes(run, gpu);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, VerifyCuda,
+    ::testing::Values(KindCase{"greedy_rows", Proposal::kGreedy, VerifyKind::kGreedyRows},
+                      KindCase{"greedy_tokens", Proposal::kGreedy, VerifyKind::kGreedyTokens},
+                      KindCase{"draft_without_replacement", Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic},
+                      KindCase{"draft_independent", Proposal::kDraftIndependent, VerifyKind::kStochastic},
+                      KindCase{"one_hot", Proposal::kOneHot, VerifyKind::kStochasticNoDraft}),
+    [](const ::testing::TestParamInfo<KindCase>& info) { return std::string(info.param.name); });
+
+TEST_P(VerifyCuda, PaddedOutputsMatchCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  const KindCase& k = GetParam();
+  const BatchRun run = make_run(500, 80, 20, k.how, k.kind);
+  for (int32_t stride : {max_request_nodes(run.c) + 2, 3}) {
+    BatchOutputs gpu(run.c.batch(), run.c.num_nodes(), stride), cpu(run.c.batch(), run.c.num_nodes(), stride);
+    run_gpu(run.c, k.kind, &gpu);
+    run_cpu(run, k.kind, &cpu);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(gpu.status, cpu.status) << "stride " << stride;
+    EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << "stride " << stride;
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << "stride " << stride;
+    EXPECT_EQ(gpu.path, cpu.path) << "stride " << stride;
+  }
+}
+
+TEST(VerifyCudaOutputs, PathIsOptional) {
+  SPECD_SKIP_WITHOUT_GPU();
+  const BatchRun run = make_run(9, 40, 17, Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic);
+  BatchOutputs with(run.c.batch(), run.c.num_nodes()), without(run.c.batch(), run.c.num_nodes());
+  run_gpu(run.c, VerifyKind::kStochastic, &with);
+  run_gpu(run.c, VerifyKind::kStochastic, &without, /*with_path=*/false);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(with.tokens, without.tokens);
+  EXPECT_EQ(without.path, std::vector<int32_t>(without.path.size(), 777));  // untouched
+}
+
+// ---- losslessness of GPU stochastic verification ----
+
+int64_t num_trials() {
+  const char* env = std::getenv("SPECD_STAT_TRIALS");
+  return env ? std::atoll(env) : 100000;
+}
+
+void check_lossless(Proposal how, VerifyKind kind) {
+  const LosslessBatch batch = make_lossless_batch(how, num_trials());
+  BatchOutputs gpu(batch.run.c.batch(), batch.run.c.num_nodes()), cpu(batch.run.c.batch(), batch.run.c.num_nodes());
+  run_gpu(batch.run.c, kind, &gpu);
+  run_cpu(batch.run, kind, &cpu);
+  if (::testing::Test::HasFatalFailure()) return;
+  EXPECT_EQ(gpu.tokens, cpu.tokens) << "GPU and CPU batched verification differ";
+  expect_first_token_follows_target(batch, gpu, "GPU");
+}
+
+TEST(VerifyCudaLossless, TreeWithDraftRowsWithoutReplacement) {
+  SPECD_SKIP_WITHOUT_GPU();
+  check_lossless(Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic);
+}
+
+TEST(VerifyCudaLossless, TreeWithDraftRowsIndependent) {
+  SPECD_SKIP_WITHOUT_GPU();
+  check_lossless(Proposal::kDraftIndependent, VerifyKind::kStochastic);
+}
+
+TEST(VerifyCudaLossless, TreeWithoutDraftRows) {
+  SPECD_SKIP_WITHOUT_GPU();
+  check_lossless(Proposal::kOneHot, VerifyKind::kStochasticNoDraft);
+}
+
+TEST(VerifyCuda, RejectsInvalidSizesWithoutLaunching) {
+  // Validation happens on the host, so this runs without a device too.
+  int32_t offsets[2] = {0, 1}, parents[1] = {-1}, tokens[1] = {0}, out[4] = {};
+  float rows[4] = {};
+  RngKey key;
+  const TreeBatchView trees{offsets, parents, tokens, 1, 1};
+  const VerifyOutputs o{out, out + 1, out + 2, out + 3};
+  EXPECT_EQ(cuda::verify_stochastic_batch(trees, ProbRows{rows, 0, 4, 4}, nullptr, DraftSampling::kIndependent, &key, o,
+                                          nullptr),
+            cudaErrorInvalidValue);  // fewer rows than nodes
+  EXPECT_EQ(cuda::verify_stochastic_batch(trees, ProbRows{rows, 1, 4, 4}, nullptr, DraftSampling::kIndependent,
+                                          nullptr, o, nullptr),
+            cudaErrorInvalidValue);  // no rng
+  const ProbRows other{rows, 1, 2, 2};
+  EXPECT_EQ(cuda::verify_stochastic_batch(trees, ProbRows{rows, 1, 4, 4}, &other, DraftSampling::kIndependent, &key,
+                                          o, nullptr),
+            cudaErrorInvalidValue);  // vocab mismatch
+  EXPECT_EQ(cuda::verify_greedy_tokens_batch(trees, nullptr, o, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::verify_greedy_batch(trees, LogitRows{rows, LogitsDtype::kFloat32, 1, 4, 3}, o, nullptr),
+            cudaErrorInvalidValue);  // stride < vocab
+  EXPECT_EQ(cuda::verify_greedy_tokens_batch(TreeBatchView{}, nullptr, VerifyOutputs{}, nullptr), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace specd::testing
