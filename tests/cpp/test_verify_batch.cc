@@ -14,6 +14,7 @@
 #include "specd/verify_batch.h"
 #include "threaded_block.h"
 #include "verify_batch_test_util.h"
+#include "verify_lossless_test_util.h"
 
 namespace specd::testing {
 namespace {

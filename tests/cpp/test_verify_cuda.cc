@@ -18,6 +18,7 @@
 #include "specd/cuda/verify.h"
 #include "specd/verify_batch.h"
 #include "verify_batch_test_util.h"
+#include "verify_lossless_test_util.h"
 
 namespace specd::testing {
 namespace {
