@@ -48,6 +48,18 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
   return Status::Ok();
 }
 
+Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
+  SPECD_RETURN_IF_ERROR(check(proposer));
+  const auto it = requests_.find(id);
+  if (it == requests_.end()) return Status::Ok();
+  Counts& c = it->second[static_cast<std::size_t>(proposer)];
+  for (std::size_t d = 0; d < c.trials.size(); ++d) {
+    c.successes[d] *= config_.idle_decay;
+    c.trials[d] *= config_.idle_decay;
+  }
+  return Status::Ok();
+}
+
 double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth) const {
   if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
   const Counts& g = global_[static_cast<std::size_t>(proposer)];

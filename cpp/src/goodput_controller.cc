@@ -132,6 +132,11 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     d.k = plan.k[i];
     d.proposer = d.k > 0 ? plan.option[i] : -1;
     d.predicted_tokens = 1.0 + (d.k > 0 ? sum_first(all[i][static_cast<std::size_t>(d.proposer)], d.k) : 0.0);
+    // Exploration by forgetting (acceptance_estimator.h): proposers the request could use
+    // but does not use this step fade towards their global estimate.
+    if (batch[i].k_max > 0 && config_.k_max > 0)
+      for (int32_t p = 0; p < num_proposers(); ++p)
+        if (p != d.proposer) SPECD_RETURN_IF_ERROR(estimator_.idle(batch[i].id, p));
   }
   return Status::Ok();
 }

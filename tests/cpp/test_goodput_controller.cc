@@ -156,6 +156,32 @@ TEST(GoodputController, PredictedTokensAndProposerPerRequest) {
   }
 }
 
+TEST(GoodputController, ASwitchedOffRequestIsRetriedLater) {
+  // Request 7's drafts all fail while request 8's succeed. Request 7 goes to k = 0; while it
+  // decodes plainly its estimate fades back towards the proposer's global rate (which
+  // request 8 keeps high), so it is tried again within a bounded number of steps.
+  // Verified tokens cost 2 ms each (a compute-bound target), so a draft must be accepted
+  // with probability ~0.4 or more to pay.
+  GoodputController c(GoodputControllerConfig{{false}, 4, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.002 * n));
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe(9, 0, 4, 4));  // the global rate settles high
+  const std::vector<ControllerRequest> batch{{7, 1, 4, 1, 100000}, {8, 1, 4, 1, 100000}};
+  int off_at = -1, back_at = -1;
+  for (int step = 0; step < 200 && back_at < 0; ++step) {
+    std::vector<ControllerDecision> d;
+    SPECD_ASSERT_OK(c.decide(batch, &d));
+    if (d[0].k == 0 && off_at < 0) off_at = step;
+    if (d[0].k > 0 && off_at >= 0) back_at = step;
+    if (d[0].k > 0 && off_at < 0) SPECD_ASSERT_OK(c.observe(7, 0, d[0].k, 0));
+    if (d[1].k > 0) SPECD_ASSERT_OK(c.observe(8, 0, d[1].k, d[1].k));
+  }
+  ASSERT_GE(off_at, 0) << "request 7 was never switched off";
+  EXPECT_LE(off_at, 8);
+  ASSERT_GT(back_at, off_at) << "request 7 was never retried";
+  EXPECT_LE(back_at - off_at, 60);
+}
+
 TEST(GoodputController, ColdStartAndBadInput) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   std::vector<ControllerDecision> d;

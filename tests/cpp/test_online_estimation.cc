@@ -113,5 +113,22 @@ TEST(AcceptanceEstimator, CensoredDepthsAndErrors) {
   EXPECT_EQ(est.num_requests(), 0);
 }
 
+TEST(AcceptanceEstimator, IdleStepsFadeARequestTowardsTheGlobalRate) {
+  AcceptanceEstimator e(AcceptanceEstimatorConfig{}, 1);
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(e.observe(1, 0, 2, 2).ok());  // the proposer works (globally)
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(e.observe(2, 0, 2, 0).ok());  // but never for request 2
+  std::vector<double> a(1);
+  ASSERT_TRUE(e.alphas(2, 0, Span<double>(a)).ok());
+  const double before = a[0], global = e.global_alpha(0, 1);
+  EXPECT_LT(before, 0.5 * global);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(e.idle(2, 0).ok());
+  ASSERT_TRUE(e.alphas(2, 0, Span<double>(a)).ok());
+  EXPECT_GT(a[0], before);
+  EXPECT_GT(a[0], 0.75 * global);
+  EXPECT_NEAR(e.global_alpha(0, 1), global, 1e-12);  // global counts untouched
+  EXPECT_EQ(e.idle(2, 3).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(e.idle(99, 0).ok());  // unknown request: nothing to fade
+}
+
 }  // namespace
 }  // namespace specd::testing

@@ -18,6 +18,11 @@
 // - Observation of one verify step: drafts reached depth D (the deepest proposed node) and
 //   A <= D were accepted. Depths 1..A are successes; depth A+1 is a failure if A < D;
 //   deeper depths were not tested (no information).
+// - Exploration by forgetting: a step in which a request does not use a proposer (k = 0,
+//   or another proposer) multiplies the request's own counts for it by idle_decay (idle()).
+//   A request that stopped speculating because its drafts failed thus drifts back towards
+//   the proposer's global estimate and is tried again if that estimate makes drafting pay,
+//   so text that turns repetitive later is noticed. Global counts are not touched.
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 
@@ -37,6 +42,7 @@ struct AcceptanceEstimatorConfig {
   double global_decay = 0.995;  // per observation of the proposer
   double prior_strength = 3.0;  // pseudo-trials of the global estimate in a request's estimate
   double initial_alpha = 0.6;   // global estimate before any data
+  double idle_decay = 0.95;     // per step a request does not use the proposer
 };
 
 class AcceptanceEstimator {
@@ -53,6 +59,8 @@ class AcceptanceEstimator {
   Status alphas(RequestId id, int32_t proposer, Span<double> out) const;
   // The proposer's global estimate at depth d (1-based).
   double global_alpha(int32_t proposer, int32_t depth) const;
+  // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
+  Status idle(RequestId id, int32_t proposer);
   void remove(RequestId id) { requests_.erase(id); }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 

@@ -20,6 +20,8 @@
 // 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
+// 6. Proposers a request could use but does not use this step fade in its acceptance
+//    estimate (AcceptanceEstimator::idle), so a request switched off is retried later.
 // Before the target has cost data every k is 0 (plain decoding is the first measurement).
 //
 // Feedback: observe() after each verification, observe_forward() after each forward,
