@@ -1,0 +1,81 @@
+"""Custom op of the paged tree-attention kernel: ``specd::tree_attention`` (rule:
+cpp/include/specd/tree_attention.h).
+
+The CPU implementation is the reference (float32 only, double accumulation); the CUDA kernel
+takes float32/float16/bfloat16 and accumulates in float. No sliding windows, soft-capping or
+ALiBi: models with those keep the torch path (models/attention.py).
+"""
+
+import math
+from typing import Optional
+
+import torch
+
+from specd import _core
+from specd.ops._checks import (KERNEL_DTYPES, cache_layout, common_device, expect, fail, index, launch,
+                               no_kernel_for_device, register_kernels, rows)
+
+__all__ = ["tree_attention"]
+
+
+@torch.library.custom_op("specd::tree_attention", mutates_args=())
+def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                   query_start: torch.Tensor, kv_lens: torch.Tensor, tree_mask: Optional[torch.Tensor] = None,
+                   scale: Optional[float] = None) -> torch.Tensor:
+    """Attention of each request's new tokens over its paged KV (tree_attention.h).
+
+    q: ``[num_tokens, q_heads, head_dim]`` of the caches' dtype (rows contiguous).
+    k_cache, v_cache: ``[num_pages, block_size, kv_heads, head_dim]`` (the new tokens' K/V
+        already written, e.g. by ``kv_write``).
+    block_table: int32 ``[num_seqs, width]``; query_start: int32 ``[num_seqs + 1]`` (request r
+        owns queries ``[query_start[r], query_start[r+1])``); kv_lens: int32 ``[num_seqs]``
+        (history + new tokens).
+    tree_mask: int64 ``[num_tokens, mask_words]`` (the bits of ``TokenTree.ancestor_mask``
+        rows) or None for causal. scale: default ``1 / sqrt(head_dim)``.
+    Returns ``[num_tokens, q_heads, head_dim]`` in q's dtype. CPU: float32 only.
+    """
+    no_kernel_for_device("tree_attention", q, k_cache, v_cache)
+
+
+def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None):
+    op = "tree_attention"
+    device = common_device(op, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
+                           query_start=query_start, kv_lens=kv_lens, tree_mask=tree_mask)
+    layout, _, _ = cache_layout(op, k_cache, v_cache)
+    if q.dtype != k_cache.dtype:
+        fail(op, f"q must have the caches' dtype {k_cache.dtype}, got {q.dtype}")
+    if device.type == "cpu" and q.dtype != torch.float32:
+        fail(op, f"the CPU reference is float32 only, got {q.dtype} (the CUDA kernel takes 16-bit types)")
+    if q.dim() != 3 or q.shape[2] != layout.head_dim:
+        fail(op, f"q must be [num_tokens, q_heads, {layout.head_dim}], got {list(q.shape)}")
+    q, q_stride = rows(op, "q", q, tuple(q.shape[1:]))
+    tokens, heads = q.shape[0], q.shape[1]
+    if heads % layout.kv_heads:
+        fail(op, f"q_heads ({heads}) must be a multiple of the caches' kv_heads ({layout.kv_heads})")
+    seqs = block_table.shape[0] if block_table.dim() == 2 else -1
+    table = index(op, "block_table", block_table, torch.int32, (seqs, -1))
+    starts = index(op, "query_start", query_start, torch.int32, (seqs + 1,))
+    lens = index(op, "kv_lens", kv_lens, torch.int32, (seqs,))
+    mask_ptr, mask_words = 0, 0
+    if tree_mask is not None:
+        expect(op, "tree_mask", tree_mask, torch.int64, 2)
+        mask = index(op, "tree_mask", tree_mask, torch.int64, (tokens, -1))
+        mask_ptr, mask_words = mask.data_ptr(), mask.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    if tokens == 0:
+        return out
+    scale = 1.0 / math.sqrt(layout.head_dim) if scale is None else float(scale)
+    row = heads * layout.head_dim
+    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", q.data_ptr(), q_stride,
+           k_cache.data_ptr(), v_cache.data_ptr(), layout, table.data_ptr(), table.shape[1], table.shape[1],
+           starts.data_ptr(), lens.data_ptr(), mask_ptr, mask_words, out.data_ptr(), row, seqs, tokens,
+           heads, scale, KERNEL_DTYPES[q.dtype])
+    return out
+
+
+@tree_attention.register_fake
+def _(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None):
+    return q.new_empty(q.shape)
+
+
+register_kernels(tree_attention, _tree_attention)

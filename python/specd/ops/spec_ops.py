@@ -1,0 +1,260 @@
+"""Custom ops of the batched sampling and verification kernels (rules:
+cpp/include/specd/sampling_batch.h, verify_batch.h): ``specd::sample_tokens``,
+``specd::sampling_probs``, ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
+``specd::verify_stochastic``.
+
+Per-row parameters travel as packed int64 words built on the rows' device (no host sync):
+:func:`pack_sampling_params` (``[rows, 4]``, the C++ ``SamplingParams``) and
+:func:`pack_rng_keys` (``[rows, 3]``, ``RngKey``). Per-row or per-request input errors do not
+raise: they come back in ``status`` (``SampleStatus`` / ``VerifyStatus``, 0 = ok).
+
+Trees are flattened (CSR): request r owns nodes ``[node_offsets[r], node_offsets[r+1])`` of
+``parents`` (local indices, -1 for the root) and ``tokens`` (int32); node n is row n of the
+target/draft rows. Outputs: ``out_stride == 0`` gives the node layout ``[num_nodes]``,
+``out_stride > 0`` the padded layout ``[batch, out_stride]`` (the ``path`` kv_compact takes).
+"""
+
+from typing import Optional
+
+import torch
+
+from specd import _core
+from specd.ops._checks import (common_device, expect, fail, index, kernel_dtype, launch,
+                               no_kernel_for_device, register_kernels, rows)
+
+__all__ = ["sample_tokens", "sampling_probs", "verify_greedy", "verify_greedy_tokens", "verify_stochastic",
+           "pack_sampling_params", "pack_rng_keys"]
+
+_WORD = 0xFFFFFFFF
+VerifyResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def pack_sampling_params(temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                         min_p: torch.Tensor) -> torch.Tensor:
+    """Per-row sampling parameters ``[rows]`` each -> int64 ``[rows, 4]``, the memory layout of
+    ``specd::SamplingParams`` (temperature, top_k in the low half of word 1, top_p, min_p), on
+    the inputs' device. Values are validated per row by the kernels (status 1)."""
+    return torch.stack([temperature.to(torch.float64).view(torch.int64), top_k.to(torch.int64) & _WORD,
+                        top_p.to(torch.float64).view(torch.int64), min_p.to(torch.float64).view(torch.int64)],
+                       dim=1).contiguous()
+
+
+def pack_rng_keys(seed: torch.Tensor, request: torch.Tensor, step: torch.Tensor,
+                  position: torch.Tensor) -> torch.Tensor:
+    """Per-row Philox keys (int64 tensors ``[rows]``, or broadcastable) -> int64 ``[rows, 3]``, the
+    memory layout of ``specd::RngKey``: seed (its 64 bits), request | step << 32, position."""
+    seed, request, step, position = torch.broadcast_tensors(
+        *(torch.as_tensor(x, dtype=torch.int64, device=seed.device).reshape(-1) for x in (seed, request, step, position)))
+    return torch.stack([seed, (request & _WORD) | ((step & _WORD) << 32), position & _WORD], dim=1).contiguous()
+
+
+def _logits(op: str, name: str, t: torch.Tensor) -> tuple[torch.Tensor, int, str]:
+    if t.dim() != 2:
+        fail(op, f"{name} must be [rows, vocab], got shape {tuple(t.shape)}")
+    dtype = kernel_dtype(op, name, t)
+    t, stride = rows(op, name, t, (t.shape[1],))
+    return t, stride, dtype
+
+
+def _packed(op: str, name: str, t: torch.Tensor, rows_: int, words: int) -> torch.Tensor:
+    return index(op, name, t, torch.int64, (rows_, words))
+
+
+# ---- sampling ----
+
+@torch.library.custom_op("specd::sample_tokens", mutates_args=())
+def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per logits row (sampling_batch.h). logits ``[rows, vocab]`` float32/float16/
+    bfloat16; params int64 ``[rows, 4]`` (:func:`pack_sampling_params`); rng int64 ``[rows, 3]``
+    (:func:`pack_rng_keys`). Returns (tokens int32 ``[rows]``, -1 where status != 0; status int32)."""
+    no_kernel_for_device("sample_tokens", logits, params, rng)
+
+
+def _sample_tokens(logits, params, rng):
+    op = "sample_tokens"
+    device = common_device(op, logits=logits, params=params, rng=rng)
+    logits, stride, dtype = _logits(op, "logits", logits)
+    n, vocab = logits.shape
+    params = _packed(op, "params", params, n, 4)
+    rng = _packed(op, "rng", rng, n, 3)
+    tokens = torch.full((n,), -1, dtype=torch.int32, device=device)
+    status = torch.zeros(n, dtype=torch.int32, device=device)
+    if n:
+        launch(device, _core.sample_tokens_batch_cpu, "sample_tokens_batch_cuda", logits.data_ptr(), dtype, n,
+               vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(), status.data_ptr())
+    return tokens, status
+
+
+@sample_tokens.register_fake
+def _(logits, params, rng):
+    n = logits.shape[0]
+    return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
+
+
+@torch.library.custom_op("specd::sampling_probs", mutates_args=())
+def sampling_probs(logits: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sampling distribution of each logits row (sampling.h rules). Returns (probs float32
+    ``[rows, vocab]``, zeros where status != 0; status int32 ``[rows]``)."""
+    no_kernel_for_device("sampling_probs", logits, params)
+
+
+def _sampling_probs(logits, params):
+    op = "sampling_probs"
+    device = common_device(op, logits=logits, params=params)
+    logits, stride, dtype = _logits(op, "logits", logits)
+    n, vocab = logits.shape
+    params = _packed(op, "params", params, n, 4)
+    probs = torch.zeros((n, vocab), dtype=torch.float32, device=device)
+    status = torch.zeros(n, dtype=torch.int32, device=device)
+    if n:
+        launch(device, _core.sampling_probs_batch_cpu, "sampling_probs_batch_cuda", logits.data_ptr(), dtype, n,
+               vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr())
+    return probs, status
+
+
+@sampling_probs.register_fake
+def _(logits, params):
+    return (logits.new_empty(logits.shape, dtype=torch.float32),
+            logits.new_empty((logits.shape[0],), dtype=torch.int32))
+
+
+# ---- verification ----
+
+def _trees(op: str, node_offsets, parents, tokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    offsets = index(op, "node_offsets", node_offsets, torch.int32, (-1,))
+    if offsets.shape[0] < 1:
+        fail(op, "node_offsets must have batch + 1 >= 1 entries")
+    nodes = parents.shape[0] if parents.dim() == 1 else -1
+    parents = index(op, "parents", parents, torch.int32, (nodes,))
+    tokens = index(op, "tokens", tokens, torch.int32, (nodes,))
+    return offsets, parents, tokens, offsets.shape[0] - 1, nodes
+
+
+def _outputs(op: str, device, batch: int, nodes: int, out_stride: int) -> VerifyResult:
+    if out_stride < 0:
+        fail(op, f"out_stride must be >= 0 (0: node layout), got {out_stride}")
+    shape = (nodes,) if out_stride == 0 else (batch, out_stride)
+    return (torch.full(shape, -1, dtype=torch.int32, device=device),
+            torch.full(shape, -1, dtype=torch.int32, device=device),
+            torch.zeros(batch, dtype=torch.int32, device=device), torch.zeros(batch, dtype=torch.int32, device=device))
+
+
+def _fake_outputs(node_offsets, parents, out_stride) -> VerifyResult:
+    batch = node_offsets.shape[0] - 1
+    shape = (parents.shape[0],) if out_stride == 0 else (batch, out_stride)
+    return (parents.new_empty(shape), parents.new_empty(shape), parents.new_empty((batch,)),
+            parents.new_empty((batch,)))
+
+
+def _out_ptrs(out: VerifyResult, out_stride: int) -> tuple:
+    return (out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(), out[3].data_ptr(), out_stride)
+
+
+@torch.library.custom_op("specd::verify_greedy", mutates_args=())
+def verify_greedy(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor,
+                  out_stride: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification of a batch of token trees from the target's logits rows ``[rows >=
+    num_nodes, vocab]`` (float32/float16/bfloat16). Returns (tokens, path, num_accepted, status),
+    int32; tokens/path in the node or padded layout (module docstring)."""
+    no_kernel_for_device("verify_greedy", node_offsets, parents, tokens, target)
+
+
+def _verify_greedy(node_offsets, parents, tokens, target, out_stride=0):
+    op = "verify_greedy"
+    device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens, target=target)
+    offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
+    target, stride, dtype = _logits(op, "target", target)
+    out = _outputs(op, device, batch, nodes, out_stride)
+    if batch:
+        launch(device, _core.verify_greedy_batch_cpu, "verify_greedy_batch_cuda", offsets.data_ptr(),
+               parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(), dtype, target.shape[0],
+               target.shape[1], stride, *_out_ptrs(out, out_stride))
+    return out
+
+
+@verify_greedy.register_fake
+def _(node_offsets, parents, tokens, target, out_stride=0):
+    return _fake_outputs(node_offsets, parents, out_stride)
+
+
+@torch.library.custom_op("specd::verify_greedy_tokens", mutates_args=())
+def verify_greedy_tokens(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                         target_tokens: torch.Tensor, out_stride: int = 0,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Greedy verification from the target's argmax per node (int32 ``[num_nodes]``). Returns
+    (tokens, path, num_accepted, status) as :func:`verify_greedy`."""
+    no_kernel_for_device("verify_greedy_tokens", node_offsets, parents, tokens, target_tokens)
+
+
+def _verify_greedy_tokens(node_offsets, parents, tokens, target_tokens, out_stride=0):
+    op = "verify_greedy_tokens"
+    device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
+                           target_tokens=target_tokens)
+    offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
+    target_tokens = index(op, "target_tokens", target_tokens, torch.int32, (nodes,))
+    out = _outputs(op, device, batch, nodes, out_stride)
+    if batch:
+        launch(device, _core.verify_greedy_tokens_batch_cpu, "verify_greedy_tokens_batch_cuda", offsets.data_ptr(),
+               parents.data_ptr(), tokens.data_ptr(), batch, nodes, target_tokens.data_ptr(),
+               *_out_ptrs(out, out_stride))
+    return out
+
+
+@verify_greedy_tokens.register_fake
+def _(node_offsets, parents, tokens, target_tokens, out_stride=0):
+    return _fake_outputs(node_offsets, parents, out_stride)
+
+
+@torch.library.custom_op("specd::verify_stochastic", mutates_args=())
+def verify_stochastic(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                      target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor], rng: torch.Tensor,
+                      draft_sampling: str = "without_replacement", out_stride: int = 0,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Lossless stochastic verification (verify.h rules) of a batch of trees.
+
+    target_probs, draft_probs: float32 ``[rows >= num_nodes, vocab]`` distributions (after the
+    sampling rules); draft_probs None: deterministic proposals. rng: int64 ``[batch, 3]``
+    (:func:`pack_rng_keys`, position = the first token decided). draft_sampling:
+    "without_replacement" or "independent". Returns (tokens, path, num_accepted, status).
+    """
+    no_kernel_for_device("verify_stochastic", node_offsets, parents, tokens, target_probs)
+
+
+def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs, rng,
+                       draft_sampling="without_replacement", out_stride=0):
+    op = "verify_stochastic"
+    device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
+                           target_probs=target_probs, draft_probs=draft_probs, rng=rng)
+    offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
+    expect(op, "target_probs", target_probs, torch.float32, 2)
+    target, t_stride = rows(op, "target_probs", target_probs, (target_probs.shape[1],))
+    vocab = target.shape[1]
+    draft_ptr, d_rows, d_stride = 0, 0, 0
+    if draft_probs is not None:
+        expect(op, "draft_probs", draft_probs, torch.float32, 2)
+        if draft_probs.shape[1] != vocab:
+            fail(op, f"draft_probs has vocab {draft_probs.shape[1]}, target_probs {vocab}")
+        draft, d_stride = rows(op, "draft_probs", draft_probs, (vocab,))
+        draft_ptr, d_rows = draft.data_ptr(), draft.shape[0]
+    rng = _packed(op, "rng", rng, batch, 3)
+    if draft_sampling not in ("without_replacement", "independent"):
+        fail(op, f"draft_sampling must be 'without_replacement' or 'independent', got {draft_sampling!r}")
+    out = _outputs(op, device, batch, nodes, out_stride)
+    if batch:
+        launch(device, _core.verify_stochastic_batch_cpu, "verify_stochastic_batch_cuda", offsets.data_ptr(),
+               parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(), target.shape[0], vocab,
+               t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(), *_out_ptrs(out, out_stride))
+    return out
+
+
+@verify_stochastic.register_fake
+def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampling="without_replacement",
+      out_stride=0):
+    return _fake_outputs(node_offsets, parents, out_stride)
+
+
+register_kernels(sample_tokens, _sample_tokens)
+register_kernels(sampling_probs, _sampling_probs)
+register_kernels(verify_greedy, _verify_greedy)
+register_kernels(verify_greedy_tokens, _verify_greedy_tokens)
+register_kernels(verify_stochastic, _verify_stochastic)

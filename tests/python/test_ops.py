@@ -1,0 +1,384 @@
+"""The torch custom ops of specd.ops (torch.ops.specd.*): on CPU each op equals the direct
+specd._core reference on random inputs (exactly for integer outputs and copies), caches are
+written in place (strided pool views, 16-bit dtypes), bad arguments raise InvalidArgumentError,
+and torch.library.opcheck accepts every op's registration (schema, fake, aot dispatch).
+GPU tests (the op on cuda equals the op on cpu) skip without a CUDA device."""
+
+import numpy as np
+import pytest
+import torch
+
+import specd.ops as ops
+from specd import _core, errors
+from specd.models.attention import LayerKV, write_kv
+from specd.ops._checks import common_device
+
+# ---- random inputs ----
+
+
+def paged_caches(rng, pages=10, bs=4, heads=2, dim=8, dtype=torch.float32, layers=None, strided=False):
+    """K, V caches [(layers,) pages, bs, heads, dim]; strided: one layer's views of a pool page
+    holding 3 layers' K and V (page_stride > page size), like KVCachePool."""
+    if strided:
+        pool = torch.from_numpy(rng.standard_normal((pages, 3, 2, bs, heads, dim)).astype(np.float32)).to(dtype)
+        return pool[:, 1, 0], pool[:, 1, 1]
+    shape = ((layers,) if layers else ()) + (pages, bs, heads, dim)
+    return tuple(torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype) for _ in range(2))
+
+
+def random_tables(rng, seqs, width, pages):
+    return torch.from_numpy(rng.permutation(pages)[: seqs * width].reshape(seqs, width).astype(np.int32))
+
+
+def random_trees(rng, batch, vocab, max_nodes=7):
+    trees = []
+    for _ in range(batch):
+        tree = _core.TokenTree(int(rng.integers(vocab)))
+        for v in range(1, int(rng.integers(1, max_nodes + 1))):
+            parent = int(rng.integers(0, v))
+            used = {int(tree.tokens[c]) for c in range(len(tree)) if int(tree.parents[c]) == parent}
+            tree.add_node(parent, int(rng.choice([t for t in range(vocab) if t not in used])))
+        trees.append(tree)
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in trees])]).astype(np.int32)
+    flat = [torch.from_numpy(np.concatenate([getattr(t, f) for t in trees]).astype(np.int32))
+            for f in ("parents", "tokens")]
+    return trees, torch.from_numpy(offsets), flat[0], flat[1]
+
+
+def param_rows(rows):
+    """(temperature, top_k, top_p, min_p) per row -> packed int64 [rows, 4]."""
+    cols = list(zip(*rows))
+    return ops.pack_sampling_params(torch.tensor(cols[0], dtype=torch.float64), torch.tensor(cols[1]),
+                                    torch.tensor(cols[2], dtype=torch.float64), torch.tensor(cols[3], dtype=torch.float64))
+
+
+PARAMS = [(0.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (0.7, 5, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (0.9, 8, 0.9, 0.05),
+          (1.0, 0, 1.0, 0.1)]
+
+
+def kv_case(rng, dtype=torch.float32, strided=False):
+    kc, vc = paged_caches(rng, dtype=dtype, strided=strided)
+    tokens = 7
+    slots = torch.from_numpy(rng.permutation(kc.shape[0] * kc.shape[1])[:tokens].astype(np.int64))
+    slots[2] = -1
+    k, v = (torch.from_numpy(rng.standard_normal((tokens, 2, 8)).astype(np.float32)).to(dtype) for _ in range(2))
+    return kc, vc, k, v, slots
+
+
+def attention_case(rng, seqs=3, causal=False):
+    kc, vc = paged_caches(rng, pages=16)
+    trees, _, _, _ = random_trees(rng, seqs, 50, max_nodes=6)
+    hist = rng.integers(0, 12, size=seqs)
+    kv_lens = torch.tensor([h + len(t) for h, t in zip(hist, trees)], dtype=torch.int32)
+    table = random_tables(rng, seqs, 5, 16)
+    starts = torch.tensor(np.concatenate([[0], np.cumsum([len(t) for t in trees])]), dtype=torch.int32)
+    q = torch.from_numpy(rng.standard_normal((int(starts[-1]), 4, 8)).astype(np.float32))
+    mask = None if causal else torch.from_numpy(np.concatenate([t.ancestor_mask() for t in trees]).view(np.int64))
+    return q, kc, vc, table, starts, kv_lens, mask
+
+
+# ---- CPU: each op equals the reference ----
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kv_write_equals_reference(seed):
+    rng = np.random.default_rng(seed)
+    kc, vc, k, v, slots = kv_case(rng)
+    want_k, want_v = kc.numpy().copy(), vc.numpy().copy()
+    _core.kv_write_cpu(want_k, want_v, k.numpy(), v.numpy(), slots.numpy())
+    ops.kv_write(kc, vc, k, v, slots)
+    np.testing.assert_array_equal(kc.numpy(), want_k)
+    np.testing.assert_array_equal(vc.numpy(), want_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_kv_write_in_place_on_strided_pool_views(dtype):
+    rng = np.random.default_rng(1)
+    kc, vc, k, v, slots = kv_case(rng, dtype, strided=True)
+    base = kc._base
+    want = LayerKV(kc.clone(), vc.clone())
+    keep = slots >= 0
+    write_kv(want, k[keep], v[keep], slots[keep])
+    ops.kv_write(kc, vc, k[:, :, :], v, slots)
+    assert kc._base is base  # still the pool's views
+    assert torch.equal(kc, want.k) and torch.equal(vc, want.v)
+
+
+def test_kv_write_with_token_strided_rows():
+    rng = np.random.default_rng(2)
+    kc, vc, k, v, slots = kv_case(rng)
+    wide = torch.zeros(7, 3, 2, 8)
+    wide[:, 1] = k
+    want_k, want_v = kc.clone(), vc.clone()
+    ops.kv_write(want_k, want_v, k, v, slots)
+    ops.kv_write(kc, vc, wide[:, 1], v, slots)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+
+
+def test_kv_compact_equals_reference_and_stacked_pool_layers():
+    rng = np.random.default_rng(3)
+    kc, vc = paged_caches(rng, pages=12, layers=3)
+    table = random_tables(rng, 2, 4, 12)
+    tree_start = torch.tensor([3, 0], dtype=torch.int32)
+    path = torch.tensor([[0, 2, 5, 9, -1], [0, 1, 3, -1, -1]], dtype=torch.int32)
+    accepted = torch.tensor([3, 2], dtype=torch.int32)
+    want_k, want_v = kc.numpy().copy(), vc.numpy().copy()
+    _core.kv_compact_cpu(want_k, want_v, table.numpy(), tree_start.numpy(), path.numpy(), accepted.numpy(),
+                         strict=True)
+    ops.kv_compact(kc, vc, table, tree_start, path, accepted)
+    np.testing.assert_array_equal(kc.numpy(), want_k)
+    np.testing.assert_array_equal(vc.numpy(), want_v)
+
+    # The same moves on a pool-like storage, all layers in one call through stacked_kv.
+    pool = torch.from_numpy(rng.standard_normal((12, 3, 2, 4, 2, 8)).astype(np.float32))
+    layers = [LayerKV(pool[:, i, 0], pool[:, i, 1]) for i in range(3)]
+    want = pool.clone()
+    for i in range(3):
+        k_np, v_np = want[:, i, 0].contiguous().numpy(), want[:, i, 1].contiguous().numpy()
+        _core.kv_compact_cpu(k_np, v_np, table.numpy(), tree_start.numpy(), path.numpy(), accepted.numpy())
+        want[:, i, 0], want[:, i, 1] = torch.from_numpy(k_np), torch.from_numpy(v_np)
+    k5, v5 = ops.stacked_kv(layers)
+    assert k5.shape == (3, 12, 4, 2, 8) and k5.data_ptr() == pool.data_ptr()
+    ops.kv_compact(k5, v5, table, tree_start, path, accepted)
+    assert torch.equal(pool, want)
+
+
+def test_slot_mapping_equals_reference():
+    rng = np.random.default_rng(4)
+    table = random_tables(rng, 3, 4, 20)
+    seq_index = torch.tensor([0, 0, 1, -1, 2, 2, 1], dtype=torch.int32)
+    positions = torch.tensor([0, 5, 3, 0, 15, 16, 9], dtype=torch.int32)
+    got = ops.slot_mapping(table, seq_index, positions, 4)
+    want = _core.slot_mapping_cpu(table.numpy(), seq_index.numpy(), positions.numpy(), 4)
+    assert got.dtype == torch.int64
+    np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("with_steps", [False, True])
+def test_draft_step_inputs_equals_reference_and_in_place_form(with_steps):
+    rng = np.random.default_rng(5)
+    table = random_tables(rng, 4, 3, 16)
+    positions = torch.tensor([0, 4, 7, 11], dtype=torch.int64)
+    sampled = torch.tensor([5, 6, 7, 8], dtype=torch.int64)
+    steps = torch.tensor([3, 1, 2, 5], dtype=torch.int32) if with_steps else None
+    got = ops.draft_step_inputs(table, positions, sampled, 4, 16, 2, steps)
+    want = _core.draft_step_inputs_cpu(table.numpy(), positions.numpy(), sampled.numpy(), 4, 16, 2,
+                                       None if steps is None else steps.numpy())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.from_numpy(w).dtype
+        np.testing.assert_array_equal(g.numpy(), w)
+    buffers = [positions.clone(), torch.empty(4, dtype=torch.int64), torch.empty(4, dtype=torch.int64),
+               torch.empty(4, dtype=torch.int32)]
+    ops.draft_step_inputs_inplace(table, buffers[0], sampled, *buffers[1:], 4, 16, 2, steps)
+    for g, w in zip(buffers, got):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tree_attention_equals_reference(causal):
+    rng = np.random.default_rng(6 + causal)
+    q, kc, vc, table, starts, kv_lens, mask = attention_case(rng, causal=causal)
+    got = ops.tree_attention(q, kc, vc, table, starts, kv_lens, mask)
+    want = _core.tree_attention_cpu(q.numpy(), kc.numpy(), vc.numpy(), table.numpy(), starts.numpy(),
+                                    kv_lens.numpy(), None if mask is None else mask.numpy().view(np.uint64))
+    np.testing.assert_array_equal(got.numpy(), want)
+    wide = torch.zeros(q.shape[0], 2, 4, 8)  # token-strided q gives the same result
+    wide[:, 0] = q
+    assert torch.equal(ops.tree_attention(wide[:, 0], kc, vc, table, starts, kv_lens, mask, 0.3),
+                       torch.from_numpy(_core.tree_attention_cpu(q.numpy(), kc.numpy(), vc.numpy(), table.numpy(),
+                                                                 starts.numpy(), kv_lens.numpy(),
+                                                                 None if mask is None else mask.numpy().view(np.uint64),
+                                                                 0.3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sample_tokens_and_sampling_probs_equal_references(dtype):
+    rng = np.random.default_rng(8)
+    logits = torch.from_numpy(rng.standard_normal((len(PARAMS), 40)).astype(np.float32) * 3).to(dtype)
+    logits[1, 3] = float("-inf")
+    params = param_rows(PARAMS)
+    keys = ops.pack_rng_keys(torch.tensor(7), torch.arange(len(PARAMS)),
+                             torch.tensor(1), torch.arange(len(PARAMS)) + 100)
+    tokens, status = ops.sample_tokens(logits, params, keys)
+    probs, pstatus = ops.sampling_probs(logits, params)
+    assert tokens.dtype == torch.int32 and not status.any() and not pstatus.any()
+    rows = logits.float().numpy()
+    for r, (t, k, p, m) in enumerate(PARAMS):
+        ref = _core.sampling_probs(rows[r:r + 1], t, k, p, m)[0]
+        np.testing.assert_array_equal(probs[r].numpy(), ref)
+        assert int(tokens[r]) == _core.sample_token(ref, 7, r, 1, r + 100)
+
+
+def test_sampling_statuses_and_64_bit_seeds():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [0.0, float("nan"), 1.0], [0.5, 0.1, 0.2]])
+    params = param_rows([(-1.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0), (1.0, 0, 1.0, 0.0)])
+    keys = ops.pack_rng_keys(torch.tensor(-2), torch.tensor(3), torch.tensor(0), torch.tensor(9)).expand(3, 3)
+    tokens, status = ops.sample_tokens(logits, params, keys)
+    assert status.tolist()[:2] == [1, 2] and tokens.tolist()[:2] == [-1, -1] and status[2] == 0
+    ref = _core.sampling_probs(logits[2:].numpy(), 1.0, 0, 1.0, 0.0)[0]
+    assert int(tokens[2]) == _core.sample_token(ref, 2**64 - 2, 3, 0, 9)  # seed -2 = its 64 bits
+
+
+@pytest.mark.parametrize("out_stride", [0, 8])
+def test_verification_equals_references(out_stride):
+    rng = np.random.default_rng(9)
+    vocab = 12
+    trees, offsets, parents, tokens = random_trees(rng, 5, vocab)
+    nodes = int(offsets[-1])
+    logits = torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2)
+    target = torch.softmax(logits, -1)
+    draft = torch.softmax(torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32)), -1)
+    keys = ops.pack_rng_keys(torch.tensor(11), torch.arange(5), torch.tensor(0), torch.arange(5) * 10)
+    results = {
+        "greedy": ops.verify_greedy(offsets, parents, tokens, logits, out_stride),
+        "tokens": ops.verify_greedy_tokens(offsets, parents, tokens, logits.argmax(-1).int(), out_stride),
+        "stochastic": ops.verify_stochastic(offsets, parents, tokens, target, draft, keys, "without_replacement",
+                                            out_stride),
+        "no_draft": ops.verify_stochastic(offsets, parents, tokens, target, None, keys, "independent", out_stride),
+    }
+    for name, (out_tokens, out_path, accepted, status) in results.items():
+        assert not status.any(), name
+        for r, tree in enumerate(trees):
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            if name == "greedy":
+                ref = _core.verify_greedy(tree, logits[a:b].numpy())
+            elif name == "tokens":
+                ref = _core.verify_greedy_tokens(tree, logits[a:b].argmax(-1).int().numpy())
+            else:
+                d = draft[a:b].numpy() if name == "stochastic" else None
+                ref = _core.verify_stochastic(tree, target[a:b].numpy(), d, "without_replacement", 11, r, 0, r * 10)
+            n = ref[2]
+            row_t = out_tokens[a:b] if out_stride == 0 else out_tokens[r]
+            row_p = out_path[a:b] if out_stride == 0 else out_path[r]
+            assert int(accepted[r]) == n, name
+            assert row_t[:n + 1].tolist() == list(ref[0]) and row_p[:n + 1].tolist() == list(ref[1]), name
+            assert (row_t[n + 1:] == -1).all() and (row_p[n + 1:] == -1).all(), name
+
+
+# ---- errors ----
+
+
+def test_bad_arguments_raise_invalid_argument():
+    rng = np.random.default_rng(10)
+    kc, vc, k, v, slots = kv_case(rng)
+    with pytest.raises(errors.InvalidArgumentError, match="slot_mapping must be torch.int64"):
+        ops.kv_write(kc, vc, k, v, slots.int())
+    with pytest.raises(errors.InvalidArgumentError, match="caches' dtype"):
+        ops.kv_write(kc, vc, k.double(), v, slots)
+    with pytest.raises(errors.InvalidArgumentError, match="v_cache must have k_cache's shape"):
+        ops.kv_write(kc, vc[:5], k, v, slots)
+    q, kc, vc, table, starts, kv_lens, mask = attention_case(rng)
+    with pytest.raises(errors.InvalidArgumentError, match="float32 only"):
+        ops.tree_attention(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), table, starts, kv_lens, mask)
+    with pytest.raises(errors.InvalidArgumentError, match="block_table must be torch.int32"):
+        ops.tree_attention(q, kc, vc, table.long(), starts, kv_lens, mask)
+    with pytest.raises(errors.InvalidArgumentError, match="query_start must have shape"):
+        ops.tree_attention(q, kc, vc, table, starts[:-1], kv_lens, mask)
+    with pytest.raises(errors.InvalidArgumentError, match="all tensors must be on one device"):
+        common_device("kv_write", k_cache=kc, slot_mapping=torch.empty(3, device="meta"))
+    pos = torch.zeros(2, dtype=torch.int64)
+    ids = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(errors.InvalidArgumentError, match="different tensors"):
+        ops.draft_step_inputs_inplace(table[:2], pos, ids, ids, torch.empty(2, dtype=torch.int64),
+                                      torch.empty(2, dtype=torch.int32), 4, 16)
+    with pytest.raises(errors.InvalidArgumentError, match="draft_sampling"):
+        _, offsets, parents, tokens = random_trees(rng, 1, 5)
+        n = int(offsets[-1])
+        ops.verify_stochastic(offsets, parents, tokens, torch.full((n, 5), 0.2), None,
+                              ops.pack_rng_keys(torch.tensor(0), torch.tensor(0), torch.tensor(0), torch.tensor(0)),
+                              "sometimes")
+
+
+# ---- opcheck (schema, fake implementation, autograd registration, aot dispatch) ----
+
+
+def opcheck_samples():
+    rng = np.random.default_rng(11)
+    kc, vc, k, v, slots = kv_case(rng)
+    k5, v5 = paged_caches(rng, pages=12, layers=2)
+    compact = (k5, v5, random_tables(rng, 2, 4, 12), torch.tensor([3, 0], dtype=torch.int32),
+               torch.tensor([[0, 2, 5], [0, 1, -1]], dtype=torch.int32), torch.tensor([2, 1], dtype=torch.int32))
+    table = random_tables(rng, 2, 4, 16)
+    pos = torch.tensor([3, 8])
+    q, akc, avc, atable, starts, kv_lens, mask = attention_case(rng)
+    logits = torch.from_numpy(rng.standard_normal((3, 20)).astype(np.float32))
+    params = param_rows(PARAMS[:3])
+    keys = ops.pack_rng_keys(torch.tensor(1), torch.arange(3), torch.tensor(0), torch.tensor(4))
+    _, offsets, parents, tokens = random_trees(rng, 2, 20)
+    n = int(offsets[-1])
+    target = torch.softmax(torch.from_numpy(rng.standard_normal((n, 20)).astype(np.float32)), -1)
+    return [
+        (ops.kv_write, (kc, vc, k, v, slots)),
+        (ops.kv_compact, compact),
+        (ops.slot_mapping, (table, torch.tensor([0, 1, 1], dtype=torch.int32),
+                            torch.tensor([2, 0, 9], dtype=torch.int32), 4)),
+        (ops.draft_step_inputs, (table, pos, torch.tensor([1, 2]), 4, 16, 1, torch.tensor([2, 1], dtype=torch.int32))),
+        (ops.draft_step_inputs_inplace, (table, pos.clone(), torch.tensor([1, 2]), torch.empty(2, dtype=torch.int64),
+                                         torch.empty(2, dtype=torch.int64), torch.empty(2, dtype=torch.int32), 4, 16)),
+        (ops.tree_attention, (q, akc, avc, atable, starts, kv_lens, mask)),
+        (ops.sample_tokens, (logits, params, keys)),
+        (ops.sampling_probs, (logits, params)),
+        (ops.verify_greedy, (offsets, parents, tokens, target, 0)),
+        (ops.verify_greedy_tokens, (offsets, parents, tokens, target.argmax(-1).int(), 6)),
+        (ops.verify_stochastic, (offsets, parents, tokens, target, target.flip(-1).contiguous(),
+                                 ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(0)),
+                                 "independent", 0)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(11))
+def test_opcheck(index):
+    op, args = opcheck_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+# ---- GPU: the op on cuda equals the op on cpu ----
+
+
+@pytest.fixture
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not ops.HAS_CUDA_KERNELS:
+        pytest.skip("specd built without CUDA kernels")
+    return torch.device("cuda")
+
+
+def to(device, args):
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+def test_gpu_op_equals_cpu_op_exactly(cuda, index):
+    op, args = opcheck_samples()[index]
+    cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)
+    want, got = op(*cpu_args), op(*gpu_args)
+    torch.cuda.synchronize()
+    for w, g in zip(want if isinstance(want, tuple) else (want,) * (want is not None),
+                    got if isinstance(got, tuple) else (got,) * (got is not None)):
+        if w.dtype == torch.float32:
+            torch.testing.assert_close(g.cpu(), w, rtol=2e-6, atol=1e-7)  # probability rows: one float ulp
+        else:
+            assert torch.equal(g.cpu(), w)
+    for c, g in zip(cpu_args, gpu_args):  # mutated caches and buffers
+        if isinstance(c, torch.Tensor):
+            assert torch.equal(g.cpu(), c)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gpu_tree_attention_close_to_cpu(cuda, dtype):
+    rng = np.random.default_rng(12)
+    q, kc, vc, table, starts, kv_lens, mask = attention_case(rng, seqs=5)
+    want = ops.tree_attention(q, kc, vc, table, starts, kv_lens, mask)
+    got = ops.tree_attention(*to(cuda, (q.to(dtype), kc.to(dtype), vc.to(dtype), table, starts, kv_lens, mask)))
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
+
+
+def test_gpu_kv_write_bf16_on_strided_views(cuda):
+    rng = np.random.default_rng(13)
+    kc, vc, k, v, slots = kv_case(rng, torch.bfloat16, strided=True)
+    pool = kc._base.to(cuda)
+    ops.kv_write(kc, vc, k, v, slots)
+    ops.kv_write(pool[:, 1, 0], pool[:, 1, 1], *to(cuda, (k, v, slots)))
+    assert torch.equal(pool.cpu(), kc._base)
