@@ -19,7 +19,7 @@ from specd.engine.params import SamplingParams, SpeculationConfig
 from specd.engine.policies import make_policy
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
-from specd.engine.scheduler import SchedulerConfig
+from specd.engine.scheduler import DRAFT, SchedulerConfig
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool, KVModel
 from specd.models.llama import LlamaModel
@@ -56,6 +56,9 @@ class LLM:
     policy: a SpeculationPolicy object or a registered policy name ("none", "static",
         "switch_off", "goodput" or a plugin's); default: speculation.policy.
     timer: how forwards and steps are timed (specd.engine.timer; default wall clock).
+    draft_graph: run the draft model's forwards 1..k-1 as one fixed-shape step loop over device
+        buffers (custom-op attention; CUDA graphs per batch-size bucket on a GPU; see
+        specd.engine.draft_graph). Default off until validated on a GPU.
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -63,7 +66,7 @@ class LLM:
                  kv_cache_memory: int = 256 << 20, num_kv_pages: Optional[int] = None, block_size: int = 16,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
-                 policy: Union[str, SpeculationPolicy, None] = None, timer=None):
+                 policy: Union[str, SpeculationPolicy, None] = None, timer=None, draft_graph: bool = False):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -77,14 +80,15 @@ class LLM:
                     t.tokenizer, speculation, device=device, kv_cache_memory=kv_cache_memory,
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
-                    policy=policy, timer=timer)
+                    policy=policy, timer=timer, draft_graph=draft_graph)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
                     tokenizer=None, device="cpu", kv_cache_memory: int = 256 << 20,
                     num_kv_pages: Optional[int] = None, block_size: int = 16, max_num_seqs: int = 32,
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
-                    policy: Union[str, SpeculationPolicy, None] = None, timer=None) -> "LLM":
+                    policy: Union[str, SpeculationPolicy, None] = None, timer=None,
+                    draft_graph: bool = False) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -95,7 +99,7 @@ class LLM:
         self._setup(target_model, draft_model, tokenizer, speculation, device=device,
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len, seed=seed, policy=policy, timer=timer)
+                    max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph)
         return self
 
     @staticmethod
@@ -112,7 +116,7 @@ class LLM:
 
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-               seed, policy, timer) -> None:
+               seed, policy, timer, draft_graph=False) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         tc = target_model.config
@@ -133,8 +137,23 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),
             timer=timer)
+        self.draft_graph = self._make_draft_graph(speculation, max_num_seqs) if draft_graph else None
         self.seed = seed
         self._next_id = 0
+
+    def _make_draft_graph(self, speculation: SpeculationConfig, max_num_seqs: int):
+        """The DraftGraphRunner of the draft model; run_draft finds it as ``pool.draft_graph``."""
+        from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
+
+        if self.draft is None:
+            raise InvalidArgumentError("draft_graph=True needs a draft model (speculation method 'draft')")
+        on_gpu = self.draft.device.type == "cuda"
+        width = self.pool.blocks.pages_for_tokens(self.max_model_len + speculation.k + 1, model=DRAFT)
+        runner = DraftGraphRunner(self.draft, self.pool, DraftGraphConfig(
+            max_steps=max(speculation.k, 1), max_blocks=width,
+            buckets=power_of_two_buckets(max_num_seqs) if on_gpu else ()))
+        self.pool.draft_graph = runner
+        return runner
 
     # ---- requests ----
 

@@ -101,16 +101,27 @@ def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
 
 def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
               on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
-              ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+              graph=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
     """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
     drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
     sampled from (row j: the distribution of draft j+1); None for greedy requests.
-    ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them)."""
+    ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them).
+
+    ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs forwards 1..k-1 as one
+    fixed-shape step loop (a CUDA graph replay on GPUs); default ``pool.draft_graph`` when the
+    pool has one for this model (``LLM(..., draft_graph=True)`` sets it; the pool, not the
+    model, holds it because the runner writes that pool's KV). Off by default until validated on
+    a GPU; forward 0 (the catch-up) always runs here, and batches the runner does not accept
+    (k or batch size past its buffers) run the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
+    if graph is None:
+        graph = getattr(pool, "draft_graph", None)
+    if graph is not None and (graph.model is not model or not graph.accepts(items)):
+        graph = None
     sampled: list[list[torch.Tensor]] = [[] for _ in items]
     dists: list[list[torch.Tensor]] = [[] for _ in items]
-    for j in range(steps):
+    for j in range(1 if graph is not None else steps):
         active = [i for i, it in enumerate(items) if it.k > j]
         segments = []
         for i in active:
@@ -139,5 +150,23 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
             u = philox_uniform(req.rng_seed, req.rng_request, DRAFT_STREAM, req.length + j, 0, device=device)
             sampled[i].append(sample_inverse_cdf(q[None], u.reshape(1))[0])
             dists[i].append(q.float())
+    if graph is not None:
+        return _finish_with_graph(graph, items, sampled, dists, on_forward)
     drafts = [torch.stack(s).tolist() for s in sampled]  # the one host sync, after the loop
     return drafts, [torch.stack(d) if d else None for d in dists]
+
+
+def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Tensor]],
+                       dists: list[list[torch.Tensor]], on_forward) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+    """Forwards 1..k-1 through the draft graph runner, after forward 0 above."""
+    first = torch.stack([s[0] for s in sampled])  # [n] forward 0's tokens, on the device
+    tokens, probs = graph.run(items, first, on_forward)  # [k - 1, n], [k - 1, n, vocab] or None
+    rows = torch.cat([first[None], tokens]).T.tolist()  # the one host sync, after the loop
+    drafts = [row[:it.k] for row, it in zip(rows, items)]
+    out_dists: list[Optional[torch.Tensor]] = []
+    for i, it in enumerate(items):
+        if not dists[i]:
+            out_dists.append(None)
+            continue
+        out_dists.append(torch.cat([dists[i][0][None], probs[:it.k - 1, i]]))  # a copy: buffers are reused
+    return drafts, out_dists

@@ -123,16 +123,21 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: list[LayerKV],
-                logits_indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+                logits_indices: Optional[torch.Tensor] = None,
+                backend: Optional[AttentionBackend] = None) -> torch.Tensor:
         """input_ids int64 ``[T]``; kv: one LayerKV per layer; logits_indices ``[N]`` (None: all
-        tokens) -> float32 logits ``[N, vocab]``."""
+        tokens) -> float32 logits ``[N, vocab]``. ``backend`` overrides the model's attention
+        backend for this call (the draft graph passes KernelAttention with its device-only
+        metadata, models/kernel_attention.py); ``meta`` is whatever that backend reads, plus
+        ``positions``."""
+        backend = self.backend if backend is None else backend
         c = self.config
         if self.rope is None or self.rope.inv_freq.device != self.device:
             self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, self.device)
         cos, sin = self.rope.cos_sin(meta.positions, self.dtype)
         x = self.model.embed_tokens(input_ids)
         for layer, cache in zip(self.model.layers, kv):
-            h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, self.backend, self.window)
+            h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, backend, self.window)
             x = x + h
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_indices is not None:

@@ -1,0 +1,51 @@
+"""An attention backend on specd's custom ops (specd.ops: ``kv_write`` + ``tree_attention``)
+whose metadata lives entirely in device tensors, so a forward that uses it has no host-side
+value in it and can be captured in a CUDA graph (the draft decode step, engine/draft_graph.py).
+
+Compared with :class:`~specd.models.attention.TorchPagedAttention` (metadata partly host
+lists, per-sequence SDPA): every sequence is causal (``tree_mask`` None: each new token sees
+the history and the new tokens before it), no sliding window, and the KV extent of each
+sequence is ``kv_lens`` read through int32 block tables. Slots of -1 are skipped by the
+kernel, so padding rows cost nothing and write nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from specd.errors import InvalidArgumentError
+from specd.models.attention import LayerKV
+
+
+@dataclass
+class DeviceAttentionMetadata:
+    """A varlen batch described by device tensors only (see tree_attention.h)."""
+
+    positions: torch.Tensor     # int64 [T] logical (RoPE) position of each new token
+    slot_mapping: torch.Tensor  # int64 [T] slot of each new token's K/V (-1: do not write)
+    block_tables: torch.Tensor  # int32 [B, W] page ids (-1 padded)
+    query_start: torch.Tensor   # int32 [B + 1] CSR offsets of each sequence's new tokens
+    kv_lens: torch.Tensor       # int32 [B] KV extent attended (history + new tokens)
+
+
+class KernelAttention:
+    """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
+    (causal). On CPU the op is the float32 reference; on CUDA the kernel (UNVALIDATED on a GPU
+    so far, see docs/cuda.md)."""
+
+    def __init__(self, scale: Optional[float] = None):
+        import specd.ops  # noqa: F401  (registers torch.ops.specd)
+
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,
+                meta: DeviceAttentionMetadata, sliding_window: Optional[int]) -> torch.Tensor:
+        """q ``[T, H, D]``, k/v ``[T, Hkv, D]`` of the new tokens -> output ``[T, H, D]``."""
+        if sliding_window is not None:
+            raise InvalidArgumentError("KernelAttention has no sliding window; use TorchPagedAttention")
+        torch.ops.specd.kv_write(cache.k, cache.v, k.to(cache.k.dtype), v.to(cache.v.dtype), meta.slot_mapping)
+        return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
+                                              meta.kv_lens, None, self.scale)

@@ -1,0 +1,189 @@
+"""The graph-capturable draft step loop (specd.engine.draft_graph): per-row device sampling
+equals the per-row functions; with ``LLM(..., draft_graph=True)`` the engine's greedy outputs
+equal plain decoding and every draft call proposes what the plain draft loop proposes (same
+tokens, same distributions), with batch padding and mixed k; GPU: the captured graph replays
+what the eager loop computes, with no host synchronisation (skips without a GPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+import specd
+from specd import errors
+from specd.engine import model_runner
+from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
+from specd.engine.params import SamplingParams
+from specd.engine.rng import philox_uniform
+from specd.engine.row_sampling import RowParams, row_sampling_probs, row_uniforms, sample_rows
+from specd.engine.torch_sampling import sample_inverse_cdf, sampling_probs
+from test_engine import prompts_of_mixed_lengths, self_draft
+
+MAX_TOKENS = 16
+ROW_PARAMS = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=1.3, top_p=0.8),
+              SamplingParams(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05), SamplingParams(min_p=0.1),
+              SamplingParams(temperature=2.0, top_k=1)]
+SEEDS = [0, 5, 2**32 + 7, 2**63 + 11, 2**64 - 1, 123456789, 42]
+
+
+def row_params(params, seeds, requests, device="cpu"):
+    t = lambda xs, dtype: torch.tensor(xs, dtype=dtype, device=device)  # noqa: E731
+    return RowParams(greedy=t([p.greedy for p in params], torch.bool),
+                     temperature=t([1.0 if p.greedy else p.temperature for p in params], torch.float64),
+                     top_k=t([p.top_k for p in params], torch.int64), top_p=t([p.top_p for p in params], torch.float64),
+                     min_p=t([p.min_p for p in params], torch.float64),
+                     seed_lo=t([s & 0xFFFFFFFF for s in seeds], torch.int64),
+                     seed_hi=t([s >> 32 for s in seeds], torch.int64), request=t(requests, torch.int64))
+
+
+# ---- per-row sampling on the device ----
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_row_sampling_equals_per_row_sampling(seed):
+    rng = np.random.default_rng(seed)
+    logits = torch.from_numpy(rng.standard_normal((len(ROW_PARAMS), 50)).astype(np.float32) * 3)
+    logits[2, 7] = logits[2, 9]  # a tie
+    p = row_params(ROW_PARAMS, SEEDS, list(range(len(ROW_PARAMS))))
+    positions = torch.arange(len(ROW_PARAMS)) * 3 + 10
+    probs = row_sampling_probs(logits, p)
+    tokens, probs32 = sample_rows(logits, p, 1, positions)
+    for r, params in enumerate(ROW_PARAMS):
+        want = sampling_probs(logits[r], params)
+        torch.testing.assert_close(probs[r], want, rtol=0, atol=1e-15)
+        u = philox_uniform(SEEDS[r], r, 1, int(positions[r]), 0)
+        assert float(row_uniforms(p, 1, positions)[r]) == float(u)
+        want_token = torch.argmax(logits[r]) if params.greedy else sample_inverse_cdf(want[None], u.reshape(1))[0]
+        assert int(tokens[r]) == int(want_token)
+        assert torch.equal(probs32[r], probs[r].float())
+
+
+# ---- the engine with the draft graph ----
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tmp_path_factory, tiny_llama_dir, tiny_qwen2_dir):
+    target = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}[request.param]
+    draft = self_draft(target, tmp_path_factory.mktemp(f"graph_draft_{request.param}"))
+    plain = specd.LLM(target)
+    prompts = prompts_of_mixed_lengths(plain.tokenizer)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    baseline = [o.token_ids for o in plain.generate(prompts, greedy)]
+    return target, draft, prompts, baseline
+
+
+def draft_llm(target, draft, k=4, **kw):
+    return specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=k), **kw)
+
+
+def checked_run_draft(monkeypatch, calls):
+    """Makes every engine draft call run the plain loop first, then the graph runner on the same
+    items (KV writes are the same rows with the same values), and compare them."""
+    real = model_runner.run_draft
+
+    def run(model, pool, items, on_forward=None, graph=None):
+        runner = pool.draft_graph
+        pool.draft_graph = None
+        want, want_q = real(model, pool, items)
+        pool.draft_graph = runner
+        got, got_q = real(model, pool, items, on_forward)
+        assert got == want
+        for g, w in zip(got_q, want_q):
+            assert (g is None) == (w is None)
+            if g is not None:
+                torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+        calls.append((runner.accepts(items), sorted({it.k for it in items}), len(items)))
+        return got, got_q
+
+    monkeypatch.setattr(model_runner, "run_draft", run)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_engine_greedy_with_draft_graph_equals_plain_decoding(pair, monkeypatch, k):
+    target, draft, prompts, baseline = pair
+    eager = draft_llm(target, draft, k)
+    eager_outs = eager.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    llm = draft_llm(target, draft, k, draft_graph=True)
+    assert isinstance(llm.draft_graph, DraftGraphRunner) and llm.pool.draft_graph is llm.draft_graph
+    calls = []
+    checked_run_draft(monkeypatch, calls)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == baseline
+    # Same drafts, so the same acceptance as the plain draft loop, request by request.
+    assert [o.metrics.accepted_tokens for o in outs] == [o.metrics.accepted_tokens for o in eager_outs]
+    assert any(used for used, _, _ in calls)
+    assert any(len(ks) > 1 for used, ks, _ in calls if used)  # mixed k (requests near max_tokens)
+
+
+def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes(pair, monkeypatch):
+    target, draft, prompts, _ = pair
+    llm = draft_llm(target, draft, 4, draft_graph=True, max_num_seqs=5)
+    old = llm.draft_graph
+    runner = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(max_steps=4, max_blocks=old.config.max_blocks,
+                                                                    buckets=(2, 8), capture=False))
+    llm.pool.draft_graph = runner
+    calls = []
+    checked_run_draft(monkeypatch, calls)
+    params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=(i % 2) * 20, top_p=0.95,
+                             max_tokens=MAX_TOKENS, ignore_eos=True, seed=i) for i in range(len(prompts))]
+    first = [o.token_ids for o in llm.generate(prompts, params)]
+    assert any(used and n not in (2, 8) for used, _, n in calls)  # padded batches ran the graph loop
+    again = draft_llm(target, draft, 4, draft_graph=True, max_num_seqs=5)
+    assert [o.token_ids for o in again.generate(prompts, params)] == first  # reproducible
+
+
+def test_draft_graph_option_errors(pair, tiny_llama_dir):
+    target, draft, _, _ = pair
+    with pytest.raises(errors.InvalidArgumentError, match="needs a draft model"):
+        specd.LLM(target, None, specd.SpeculationConfig(method="ngram"), draft_graph=True)
+    with pytest.raises(errors.InvalidArgumentError, match="float32 only"):
+        draft_llm(target, draft, 4, dtype="bfloat16", draft_graph=True)
+    assert draft_llm(target, draft, 4).draft_graph is None  # off by default
+    assert power_of_two_buckets(24) == (1, 2, 4, 8, 16, 24) and power_of_two_buckets(1) == (1,)
+
+
+# ---- GPU ----
+
+
+@pytest.fixture
+def cuda():
+    import specd.ops as ops
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not ops.HAS_CUDA_KERNELS:
+        pytest.skip("specd built without CUDA kernels")
+    return torch.device("cuda")
+
+
+def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda):
+    target, draft, prompts, _ = pair
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    baseline = [o.token_ids for o in specd.LLM(target, device="cuda").generate(prompts, greedy)]
+    llm = draft_llm(target, draft, 4, device="cuda", draft_graph=True)
+    graph_runner = llm.draft_graph
+    eager_runner = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
+        max_steps=4, max_blocks=graph_runner.config.max_blocks, buckets=graph_runner.config.buckets, capture=False))
+    real_run, checked = graph_runner.run, []
+
+    def run(items, first_tokens, on_forward=None):
+        want, want_q = (t.clone() if t is not None else None for t in eager_runner.run(items, first_tokens))
+        sampling = any(not it.request.params.greedy for it in items)
+        graph_runner._graph(graph_runner.bucket(len(items)), max(it.k for it in items), sampling)  # capture first
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got, got_q = real_run(items, first_tokens)  # fill + replay: no host sync allowed
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert torch.equal(got, want)
+        if want_q is not None:
+            assert torch.equal(got_q, want_q)
+        checked.append(len(items))
+        return got, got_q
+
+    monkeypatch.setattr(graph_runner, "run", run)
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == baseline
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
+    llm.generate(prompts, sampled)
+    assert checked
