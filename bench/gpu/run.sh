@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# GPU validation and timing of specd's CUDA path, sized for one 10-minute call on the lent GPU
+# machine (device tool: `run`, command `bash bench/gpu/run.sh`). Stages, each under its own
+# time limit so the whole fits in ~9 minutes:
+#   1 build  (~4 min)  cmake with SPECD_CUDA=ON, SPECD_BUILD_PYTHON=ON and, when GoogleTest is
+#                      found (installed, or sources in $SPECD_GTEST_SRC / .gtest-src /
+#                      /usr/src/googletest, built first), SPECD_BUILD_TESTS=ON; native GPU arch.
+#                      Not `pip install .`: that machine has no network, and its torch is not
+#                      the version pyproject pins. The Python package runs from a private copy
+#                      of python/specd with the built _core (nothing is installed).
+#   2 ctest  (~1.5 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
+#   3 pytest (~2 min)  the Python GPU tests: ops on cuda vs cpu, draft graph replay vs eager
+#                      and without host sync, slot mapping / KV kernels on cuda
+#   4 bench  (~2.5 min) bench_kernels.py (kernels vs the torch/host paths) and
+#                      bench_draft_loop.py (draft loop: eager vs graph runner vs CUDA graph)
+# $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
+# bench_kernels.json, bench_draft_loop.json, summary.txt; a short table is printed last.
+#
+# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench"]
+#   --dry-run  print the plan and check the Python side imports (works without a GPU)
+#   --quick    fewer sizes / repetitions in the benchmarks
+# Without a GPU, the benchmark scripts' logic can be checked with their --smoke-cpu option (tiny
+# float32 cases on the CPU references; times nothing).
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+OUT_DIR="${OUT:-$ROOT/bench-results/gpu}"
+BUILD="$ROOT/build/gpu"
+PKG="/tmp/specd_gpu_pkg"
+STAGES="build ctest pytest bench"
+DRY_RUN=0
+QUICK=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1 ;;
+    --quick) QUICK="--quick" ;;
+    --skip-build) STAGES="${STAGES/build/}" ;;
+    --stages) shift; STAGES="$1" ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+PYTHON="${PYTHON:-$(command -v python3 || command -v python)}"
+JOBS="$(nproc 2>/dev/null || echo 4)"
+SUMMARY="$OUT_DIR/summary.txt"
+
+gtest_source() {
+  for d in "${SPECD_GTEST_SRC:-}" "$ROOT/.gtest-src" /usr/src/googletest; do
+    if [ -n "$d" ] && [ -f "$d/CMakeLists.txt" ]; then echo "$d"; return; fi
+  done
+}
+
+echo "specd GPU run: stages [$STAGES] quick=${QUICK:-no} python=$PYTHON jobs=$JOBS out=$OUT_DIR"
+if [ "$DRY_RUN" = 1 ]; then
+  echo "plan:"
+  echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
+       "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
+  echo "  ctest : ctest --test-dir $BUILD -R Cuda"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping}.py -k 'gpu or cuda'"
+  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK"
+  command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
+  PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  exit 0
+fi
+
+mkdir -p "$OUT_DIR"
+: > "$SUMMARY"
+status=0
+note() { echo "$*" | tee -a "$SUMMARY"; }
+stage() {  # stage NAME LOG LIMIT_S COMMAND...: runs with a time limit, appends to $OUT/LOG.log
+  local name="$1" log="$2" limit="$3"; shift 3
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$OUT_DIR/$log.log" 2>&1
+  local rc=$?
+  note "[$name] rc=$rc ($((SECONDS - t0)) s)$([ $rc = 124 ] && echo ' TIMED OUT')"
+  [ $rc = 0 ] || status=1
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+
+if [[ " $STAGES " == *" build "* ]]; then
+  : > "$OUT_DIR/build.log"
+  GTEST_ARGS=(-DSPECD_BUILD_TESTS=OFF)
+  if [[ " $STAGES " == *" ctest "* ]]; then
+    src="$(gtest_source || true)"
+    if [ -n "$src" ]; then
+      stage gtest build 120 bash -c "cmake -S '$src' -B /tmp/gtest-build -DCMAKE_INSTALL_PREFIX=/tmp/gtest \
+        -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON && cmake --build /tmp/gtest-build -j$JOBS \
+        && cmake --install /tmp/gtest-build" && GTEST_ARGS=(-DSPECD_BUILD_TESTS=ON -DCMAKE_PREFIX_PATH=/tmp/gtest)
+    elif compgen -G "/usr/lib/*/libgtest*" > /dev/null || compgen -G "/usr/lib*/libgtest*" > /dev/null; then
+      GTEST_ARGS=(-DSPECD_BUILD_TESTS=ON)
+    else
+      note "[gtest] not found (carry its sources as .gtest-src, see docs/cuda.md): C++ tests not built"
+    fi
+  fi
+  stage build build 300 bash -c "cmake -S '$ROOT' -B '$BUILD' -DCMAKE_BUILD_TYPE=Release -DSPECD_CUDA=ON \
+      -DSPECD_BUILD_PYTHON=ON -DCMAKE_CUDA_ARCHITECTURES=native -DPython_EXECUTABLE='$PYTHON' ${GTEST_ARGS[*]} \
+    && cmake --build '$BUILD' -j$JOBS" || { tail -30 "$OUT_DIR/build.log"; }
+fi
+
+# The private package: python/specd with the freshly built _core.
+rm -rf "$PKG" && mkdir -p "$PKG" && cp -r "$ROOT/python/specd" "$PKG/" && rm -f "$PKG"/specd/_core*.so
+cp "$BUILD"/python/_core*.so "$PKG/specd/" 2>/dev/null || note "no built _core found in $BUILD/python"
+export PYTHONPATH="$PKG:$ROOT/tests/python"
+export PYTHONUNBUFFERED=1
+
+if [[ " $STAGES " == *" ctest "* ]]; then
+  if [ -x "$BUILD/tests/specd_cuda_tests" ]; then
+    : > "$OUT_DIR/ctest.log"
+    stage ctest ctest 150 ctest --test-dir "$BUILD" -R Cuda --output-on-failure --timeout 120
+    grep -E "tests passed|tests failed|FAILED|Failed" "$OUT_DIR/ctest.log" | tail -15 | tee -a "$SUMMARY"
+  else
+    note "[ctest] skipped: specd_cuda_tests not built (GoogleTest not found)"
+  fi
+fi
+
+if [[ " $STAGES " == *" pytest "* ]]; then
+  : > "$OUT_DIR/pytest.log"
+  stage pytest pytest 180 "$PYTHON" -m pytest -q -p no:cacheprovider -k "gpu or cuda" \
+    "$ROOT/tests/python/test_ops.py" "$ROOT/tests/python/test_draft_graph.py" \
+    "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py"
+  tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
+fi
+
+if [[ " $STAGES " == *" bench "* ]]; then
+  : > "$OUT_DIR/bench.log"
+  stage bench_kernels bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" $QUICK --out "$OUT_DIR"
+  stage bench_draft_loop bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" $QUICK --out "$OUT_DIR"
+  echo
+  grep -v "^\[" "$OUT_DIR/bench.log" | tail -25
+fi
+
+echo
+echo "summary ($SUMMARY):"
+cat "$SUMMARY"
+exit $status
