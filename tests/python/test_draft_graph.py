@@ -132,7 +132,7 @@ def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes
     assert [o.token_ids for o in again.generate(prompts, params)] == first  # reproducible
 
 
-def test_draft_graph_option_errors(pair, tiny_llama_dir):
+def test_draft_graph_option_errors(pair):
     target, draft, _, _ = pair
     with pytest.raises(errors.InvalidArgumentError, match="needs a draft model"):
         specd.LLM(target, None, specd.SpeculationConfig(method="ngram"), draft_graph=True)
