@@ -82,17 +82,15 @@ def checked_run_draft(monkeypatch, calls):
     real = model_runner.run_draft
 
     def run(model, pool, items, on_forward=None, graph=None):
-        runner = pool.draft_graph
-        pool.draft_graph = None
+        assert graph is not None  # the engine passes its runner
         want, want_q = real(model, pool, items)
-        pool.draft_graph = runner
-        got, got_q = real(model, pool, items, on_forward)
+        got, got_q = real(model, pool, items, on_forward, graph=graph)
         assert got == want
         for g, w in zip(got_q, want_q):
             assert (g is None) == (w is None)
             if g is not None:
                 torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
-        calls.append((runner.accepts(items), sorted({it.k for it in items}), len(items)))
+        calls.append((graph.accepts(items), sorted({it.k for it in items}), len(items)))
         return got, got_q
 
     monkeypatch.setattr(model_runner, "run_draft", run)
@@ -104,7 +102,7 @@ def test_engine_greedy_with_draft_graph_equals_plain_decoding(pair, monkeypatch,
     eager = draft_llm(target, draft, k)
     eager_outs = eager.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
     llm = draft_llm(target, draft, k, draft_graph=True)
-    assert isinstance(llm.draft_graph, DraftGraphRunner) and llm.pool.draft_graph is llm.draft_graph
+    assert isinstance(llm.draft_graph, DraftGraphRunner) and llm.engine.draft_graph is llm.draft_graph
     calls = []
     checked_run_draft(monkeypatch, calls)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
@@ -121,7 +119,7 @@ def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes
     old = llm.draft_graph
     runner = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(max_steps=4, max_blocks=old.config.max_blocks,
                                                                     buckets=(2, 8), capture=False))
-    llm.pool.draft_graph = runner
+    llm.engine.draft_graph = runner
     calls = []
     checked_run_draft(monkeypatch, calls)
     params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=(i % 2) * 20, top_p=0.95,

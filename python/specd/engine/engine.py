@@ -53,6 +53,7 @@ class Engine:
         self.scheduler = Scheduler(pool, scheduler_config, policy)
         self.proposers = self._make_proposers(speculation)
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
+        self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM(..., draft_graph=True))
         self.steps = 0
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
@@ -155,7 +156,7 @@ class Engine:
                     self.timings.draft_forwards += 1
                     draft_s += seconds
                     return result
-                drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward)
+                drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward, graph=self.draft_graph)
                 for it, d, q in zip(group, drafts, qs):
                     trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
                     if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)

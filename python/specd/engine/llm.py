@@ -142,7 +142,7 @@ class LLM:
         self._next_id = 0
 
     def _make_draft_graph(self, speculation: SpeculationConfig, max_num_seqs: int):
-        """The DraftGraphRunner of the draft model; run_draft finds it as ``pool.draft_graph``."""
+        """The DraftGraphRunner of the draft model, handed to the engine (which passes it to run_draft)."""
         from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
 
         if self.draft is None:
@@ -152,7 +152,7 @@ class LLM:
         runner = DraftGraphRunner(self.draft, self.pool, DraftGraphConfig(
             max_steps=max(speculation.k, 1), max_blocks=width,
             buckets=power_of_two_buckets(max_num_seqs) if on_gpu else ()))
-        self.pool.draft_graph = runner
+        self.engine.draft_graph = runner
         return runner
 
     # ---- requests ----

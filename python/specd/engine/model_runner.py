@@ -108,16 +108,13 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them).
 
     ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs forwards 1..k-1 as one
-    fixed-shape step loop (a CUDA graph replay on GPUs); default ``pool.draft_graph`` when the
-    pool has one for this model (``LLM(..., draft_graph=True)`` sets it; the pool, not the
-    model, holds it because the runner writes that pool's KV). Off by default until validated on
-    a GPU; forward 0 (the catch-up) always runs here, and batches the runner does not accept
-    (k or batch size past its buffers) run the plain loop."""
+    fixed-shape step loop (a CUDA graph replay on GPUs); the engine passes its runner when
+    ``LLM(..., draft_graph=True)``. Off by default until validated on a GPU; forward 0 (the
+    catch-up) always runs here, and batches the runner does not accept (another model or
+    pool, k or batch size past its buffers) run the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
-    if graph is None:
-        graph = getattr(pool, "draft_graph", None)
-    if graph is not None and (graph.model is not model or not graph.accepts(items)):
+    if graph is not None and (graph.model is not model or graph.pool is not pool or not graph.accepts(items)):
         graph = None
     sampled: list[list[torch.Tensor]] = [[] for _ in items]
     dists: list[list[torch.Tensor]] = [[] for _ in items]
