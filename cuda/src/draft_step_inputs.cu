@@ -17,7 +17,7 @@ __global__ void draft_step_inputs_kernel(DraftStepInputsParams params) {
 cudaError_t draft_step_inputs(const DraftStepInputsParams& params, cudaStream_t stream) {
   if (!validate_draft_step_inputs(params).ok()) return cudaErrorInvalidValue;
   if (params.num_seqs == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((params.num_seqs + kThreads - 1) / kThreads);
+  const unsigned blocks = static_cast<unsigned>((int64_t{params.num_seqs} + kThreads - 1) / kThreads);
   draft_step_inputs_kernel<<<blocks, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }

@@ -16,7 +16,7 @@ __global__ void slot_mapping_kernel(SlotMappingParams params) {
 cudaError_t slot_mapping(const SlotMappingParams& params, cudaStream_t stream) {
   if (!validate_slot_mapping(params).ok()) return cudaErrorInvalidValue;
   if (params.num_tokens == 0) return cudaSuccess;
-  const unsigned blocks = static_cast<unsigned>((params.num_tokens + kThreads - 1) / kThreads);
+  const unsigned blocks = static_cast<unsigned>((int64_t{params.num_tokens} + kThreads - 1) / kThreads);
   slot_mapping_kernel<<<blocks, kThreads, 0, stream>>>(params);
   return cudaGetLastError();
 }
