@@ -188,6 +188,24 @@ TEST(VerifyBatchCpuLossless, FirstTokenFollowsTheTarget) {
   }
 }
 
+TEST(VerifyBatchCpuValidation, DecreasingOffsetsInvalidateTheRequestsThatCouldOverlap) {
+  // Offsets 0, 2, 0, 2: request 2 names the same nodes as request 0 (a valid tree on its
+  // own), which would make two requests write one output range (a race on the GPU, where
+  // requests run in parallel). Offsets must not decrease: request 1 (empty, reversed) and
+  // request 2 (starts below an earlier offset) are kBadTree; request 0 is verified.
+  const std::vector<int32_t> offsets{0, 2, 0, 2}, parents{-1, 0}, tokens{5, 1}, target{1, 3};
+  const TreeBatchView trees{offsets.data(), parents.data(), tokens.data(), 3, 2};
+  std::vector<int32_t> out_tokens(2, 7), path(2, 7), accepted(3, 9), status(3, 9);
+  SPECD_ASSERT_OK(verify_greedy_tokens_batch_cpu(
+      trees, target.data(), VerifyOutputs{out_tokens.data(), path.data(), accepted.data(), status.data(), 0}));
+  EXPECT_EQ(status[0], static_cast<int32_t>(VerifyStatus::kOk));
+  EXPECT_EQ(status[1], static_cast<int32_t>(VerifyStatus::kBadTree));
+  EXPECT_EQ(status[2], static_cast<int32_t>(VerifyStatus::kBadTree));
+  EXPECT_EQ(accepted[0], 1);
+  EXPECT_EQ(out_tokens, (std::vector<int32_t>{1, 3}));  // the accepted draft, then the bonus
+  EXPECT_EQ(accepted[2], 0);
+}
+
 TEST(VerifyBatchCpuValidation, RejectsBadSizesAndPointers) {
   std::mt19937_64 g(1);
   VerifyCase c = random_verify_case(&g, 3, 7, Proposal::kDraftWithoutReplacement);

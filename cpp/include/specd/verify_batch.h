@@ -8,6 +8,9 @@
 //   least its root); its local node v is global node node_offsets[r] + v, which is also v's
 //   row in every node-indexed input (target rows, draft rows, target tokens). parents are
 //   local indices (TokenTree::from_parents rules: -1 for the root, 0 <= parent(v) < v).
+// - node_offsets must be non-decreasing. Request r's offsets are invalid (kBadTree) when its
+//   range is empty or outside [0, num_nodes], or node_offsets[r] is below an earlier offset;
+//   so the ranges of valid requests never overlap, and their outputs cannot collide.
 // - Each request's result equals verify_greedy / verify_greedy_tokens / verify_stochastic
 //   (verify.h) on TokenTree::from_parents of its nodes, with the same rows and rng[r]; the
 //   random draws are keyed by rng[r] exactly as there.

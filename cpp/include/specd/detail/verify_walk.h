@@ -115,7 +115,11 @@ template <class Block, class Walk>
 SPECD_HOST_DEVICE void verify_request(Block& b, const TreeBatchView& trees, int32_t r, int32_t vocab,
                                       const VerifyOutputs& out, const Walk& walk) {
   const int32_t begin = trees.node_offsets[r], end = trees.node_offsets[r + 1];
-  const bool range_ok = begin >= 0 && begin < end && end <= trees.num_nodes;
+  // Offsets must not decrease up to r (verify_batch.h): every thread reads them all, so all
+  // agree; then no valid request's range overlaps another's.
+  bool monotonic = true;
+  for (int32_t q = 0; q < r; ++q) monotonic = monotonic && trees.node_offsets[q] <= begin;
+  const bool range_ok = monotonic && begin >= 0 && begin < end && end <= trees.num_nodes;
   const bool padded = out.stride > 0;
   // Output range: row r of the padded layout, or the request's nodes.
   Emitter emit{&out, padded ? int64_t{r} * out.stride : int64_t{begin}, 0};
