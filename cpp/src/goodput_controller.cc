@@ -174,8 +174,10 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
   }
   const double draft_token = std::max(0.0, draft_.predict(users + 1) - draft_.predict(users));
   // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
-  // do, scaled by the two models' forward times.
-  const double ratio = target_.predict(1) > 0 ? draft_.predict(1) / target_.predict(1) : 0.0;
+  // do, scaled by the two models' forward times; before the draft was ever timed, as much as
+  // the target's (the first catch-up is not free: on a CPU it can take seconds).
+  const double ratio = !draft_.has_data() ? 1.0
+                       : target_.predict(1) > 0 ? draft_.predict(1) / target_.predict(1) : 0.0;
   std::vector<bool> invest(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     if (behind[i] == 0) {

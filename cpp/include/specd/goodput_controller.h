@@ -16,7 +16,9 @@
 //    batch (requests beyond today's batch at the proposers' prior acceptance), the request
 //    drafts k tokens with that proposer for D extra tokens per step at marginal time d; with
 //    G that plan's goodput and S = remaining_tokens / (1 + D) steps left, invest iff
-//    S (D / G - d) > the batch's wait for the catch-up. Requests in sync always may draft.
+//    S (D / G - d) > the batch's wait for the catch-up (the draft's predicted time for the
+//    missing tokens; before the draft was ever timed, the target's). Requests in sync
+//    always may draft.
 // 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
