@@ -60,6 +60,16 @@ Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
   return Status::Ok();
 }
 
+Status AcceptanceEstimator::idle_global(int32_t proposer) {
+  SPECD_RETURN_IF_ERROR(check(proposer));
+  Counts& g = global_[static_cast<std::size_t>(proposer)];
+  for (std::size_t d = 0; d < g.trials.size(); ++d) {
+    g.successes[d] *= config_.idle_decay;
+    g.trials[d] *= config_.idle_decay;
+  }
+  return Status::Ok();
+}
+
 double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth) const {
   if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
   const Counts& g = global_[static_cast<std::size_t>(proposer)];

@@ -138,6 +138,12 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
       for (int32_t p = 0; p < num_proposers(); ++p)
         if (p != d.proposer) SPECD_RETURN_IF_ERROR(estimator_.idle(batch[i].id, p));
   }
+  // A proposer that no request used this step (while some could have) fades globally.
+  const bool any_cap = config_.k_max > 0 && std::any_of(batch.begin(), batch.end(),
+                                                         [](const ControllerRequest& r) { return r.k_max > 0; });
+  for (int32_t p = 0; any_cap && p < num_proposers(); ++p)
+    if (std::none_of(decisions_out->begin(), decisions_out->end(), [p](const ControllerDecision& x) { return x.proposer == p; }))
+      SPECD_RETURN_IF_ERROR(estimator_.idle_global(p));
   return Status::Ok();
 }
 

@@ -130,5 +130,19 @@ TEST(AcceptanceEstimator, IdleStepsFadeARequestTowardsTheGlobalRate) {
   EXPECT_TRUE(e.idle(99, 0).ok());  // unknown request: nothing to fade
 }
 
+TEST(AcceptanceEstimator, AProposerNobodyUsesFadesBackToThePrior) {
+  // Early failures pull the global estimate (which new requests start from) down; when no
+  // request uses the proposer any more, idle steps bring it back towards initial_alpha.
+  AcceptanceEstimatorConfig config;
+  AcceptanceEstimator e(config, 1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e.observe(i, 0, 3, 0).ok());
+  const double low = e.global_alpha(0, 1);
+  EXPECT_LT(low, 0.5 * config.initial_alpha);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(e.idle_global(0).ok());
+  EXPECT_GT(e.global_alpha(0, 1), 0.9 * config.initial_alpha);
+  EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
+  EXPECT_EQ(e.idle_global(4).code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace specd::testing

@@ -22,7 +22,11 @@
 //   or another proposer) multiplies the request's own counts for it by idle_decay (idle()).
 //   A request that stopped speculating because its drafts failed thus drifts back towards
 //   the proposer's global estimate and is tried again if that estimate makes drafting pay,
-//   so text that turns repetitive later is noticed. Global counts are not touched.
+//   so text that turns repetitive later is noticed. A step in which no request uses the
+//   proposer fades its global counts the same way (idle_global()), towards initial_alpha:
+//   otherwise a few early failures could stop every request from ever trying it again
+//   (requests without counts of their own use the global estimate, which only observations
+//   would change).
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 
@@ -61,6 +65,8 @@ class AcceptanceEstimator {
   double global_alpha(int32_t proposer, int32_t depth) const;
   // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
   Status idle(RequestId id, int32_t proposer);
+  // A step in which no request used `proposer`: its global counts fade (rules above).
+  Status idle_global(int32_t proposer);
   void remove(RequestId id) { requests_.erase(id); }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
