@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "errors.h"
+#include "kv_params.h"
 #include "numpy_util.h"
 #include "specd/draft_step_inputs.h"
 #include "specd/kv_compact.h"
@@ -205,18 +206,7 @@ py::array_t<float> tree_attention_cpu_py(const InND<float>& q, const InND<float>
 }
 
 #ifdef SPECD_WITH_CUDA
-template <class T>
-T* ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
 cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
-
-KvDtype dtype_of(const std::string& name) {
-  KvDtype d = KvDtype::kFloat32;
-  check(parse_kv_dtype(name.c_str(), &d));
-  return d;
-}
 
 void check_launch(cudaError_t err, const char* kernel) {
   if (err != cudaSuccess)
@@ -277,17 +267,8 @@ void bind_kv_kernels(py::module_& m) {
       [](uintptr_t k_cache, uintptr_t v_cache, const PagedKvLayout& layout, uintptr_t k,
          uintptr_t v, int64_t k_token_stride, int64_t v_token_stride, uintptr_t slot_mapping,
          int32_t num_tokens, const std::string& dtype, uintptr_t stream) {
-        KvWriteParams p;
-        p.k = ptr<const void>(k);
-        p.v = ptr<const void>(v);
-        p.k_token_stride = k_token_stride;
-        p.v_token_stride = v_token_stride;
-        p.slot_mapping = ptr<const int64_t>(slot_mapping);
-        p.k_cache = ptr<void>(k_cache);
-        p.v_cache = ptr<void>(v_cache);
-        p.layout = layout;
-        p.dtype = dtype_of(dtype);
-        p.num_tokens = num_tokens;
+        const KvWriteParams p = kv_write_params(k_cache, v_cache, layout, k, v, k_token_stride, v_token_stride,
+                                                  slot_mapping, num_tokens, dtype);
         check(validate_kv_write(p));
         check_launch(cuda::kv_write(p, as_stream(stream)), "kv_write");
       },
@@ -302,21 +283,9 @@ void bind_kv_kernels(py::module_& m) {
          int64_t layer_stride, uintptr_t block_table, int32_t num_seqs, int32_t table_width,
          int32_t table_stride, uintptr_t tree_start, uintptr_t path, uintptr_t num_accepted,
          int32_t path_stride, const std::string& dtype, uintptr_t stream) {
-        KvCompactParams p;
-        p.k_cache = ptr<void>(k_cache);
-        p.v_cache = ptr<void>(v_cache);
-        p.layout = layout;
-        p.dtype = dtype_of(dtype);
-        p.num_layers = num_layers;
-        p.layer_stride = layer_stride;
-        p.block_table = ptr<const int32_t>(block_table);
-        p.num_seqs = num_seqs;
-        p.table_width = table_width;
-        p.table_stride = table_stride;
-        p.tree_start = ptr<const int32_t>(tree_start);
-        p.path = ptr<const int32_t>(path);
-        p.num_accepted = ptr<const int32_t>(num_accepted);
-        p.path_stride = path_stride;
+        const KvCompactParams p = kv_compact_params(k_cache, v_cache, layout, num_layers, layer_stride, block_table,
+                                                      num_seqs, table_width, table_stride, tree_start, path,
+                                                      num_accepted, path_stride, dtype);
         check(cuda::validate_kv_compact_launch(p));
         check_launch(cuda::kv_compact(p, as_stream(stream)), "kv_compact");
       },
@@ -333,21 +302,10 @@ void bind_kv_kernels(py::module_& m) {
          int32_t block_size, int32_t num_pages, int32_t step, uintptr_t num_steps,
          uintptr_t positions_in, uintptr_t sampled_tokens, uintptr_t positions_out,
          uintptr_t input_ids, uintptr_t slot_mapping, uintptr_t kv_lens, uintptr_t stream) {
-        DraftStepInputsParams p;
-        p.block_table = ptr<const int32_t>(block_table);
-        p.num_seqs = num_seqs;
-        p.table_width = table_width;
-        p.table_stride = table_stride;
-        p.block_size = block_size;
-        p.num_pages = num_pages;
-        p.step = step;
-        p.num_steps = ptr<const int32_t>(num_steps);
-        p.positions_in = ptr<const int64_t>(positions_in);
-        p.sampled_tokens = ptr<const int64_t>(sampled_tokens);
-        p.positions_out = ptr<int64_t>(positions_out);
-        p.input_ids = ptr<int64_t>(input_ids);
-        p.slot_mapping = ptr<int64_t>(slot_mapping);
-        p.kv_lens = ptr<int32_t>(kv_lens);
+        const DraftStepInputsParams p = draft_step_inputs_params(block_table, num_seqs, table_width, table_stride,
+                                                                  block_size, num_pages, step, num_steps, positions_in,
+                                                                  sampled_tokens, positions_out, input_ids,
+                                                                  slot_mapping, kv_lens);
         check(validate_draft_step_inputs(p));
         check_launch(cuda::draft_step_inputs(p, as_stream(stream)), "draft_step_inputs");
       },
@@ -367,26 +325,10 @@ void bind_kv_kernels(py::module_& m) {
          int32_t mask_words, uintptr_t out, int64_t out_token_stride, int32_t num_seqs,
          int32_t num_tokens, int32_t q_heads, double scale, const std::string& dtype,
          uintptr_t stream) {
-        TreeAttentionParams p;
-        p.q = ptr<const void>(q);
-        p.q_token_stride = q_token_stride;
-        p.k_cache = ptr<const void>(k_cache);
-        p.v_cache = ptr<const void>(v_cache);
-        p.layout = layout;
-        p.dtype = dtype_of(dtype);
-        p.block_table = ptr<const int32_t>(block_table);
-        p.table_width = table_width;
-        p.table_stride = table_stride;
-        p.query_start = ptr<const int32_t>(query_start);
-        p.kv_lens = ptr<const int32_t>(kv_lens);
-        p.tree_mask = ptr<const uint64_t>(tree_mask);
-        p.mask_words = mask_words;
-        p.out = ptr<void>(out);
-        p.out_token_stride = out_token_stride;
-        p.num_seqs = num_seqs;
-        p.num_tokens = num_tokens;
-        p.q_heads = q_heads;
-        p.scale = static_cast<float>(scale);
+        const TreeAttentionParams p = tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table,
+                                                              table_width, table_stride, query_start, kv_lens,
+                                                              tree_mask, mask_words, out, out_token_stride, num_seqs,
+                                                              num_tokens, q_heads, scale, dtype);
         check(cuda::validate_tree_attention_launch(p));
         check_launch(cuda::tree_attention(p, as_stream(stream)), "tree_attention");
       },

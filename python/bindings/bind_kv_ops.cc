@@ -11,6 +11,7 @@
 #include <string>
 
 #include "errors.h"
+#include "kv_params.h"
 #include "specd/draft_step_inputs.h"
 #include "specd/kv_compact.h"
 #include "specd/kv_layout.h"
@@ -22,32 +23,12 @@ namespace py = pybind11;
 namespace specd::py_bind {
 namespace {
 
-template <class T>
-T* host_ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
-KvDtype kv_dtype(const std::string& name) {
-  KvDtype d = KvDtype::kFloat32;
-  check(parse_kv_dtype(name.c_str(), &d));
-  return d;
-}
-
 void kv_write_ptr(uintptr_t k_cache, uintptr_t v_cache, const PagedKvLayout& layout, uintptr_t k,
                   uintptr_t v, int64_t k_token_stride, int64_t v_token_stride,
                   uintptr_t slot_mapping, int32_t num_tokens, const std::string& dtype) {
-  KvWriteParams p;
-  p.k = host_ptr<const void>(k);
-  p.v = host_ptr<const void>(v);
-  p.k_token_stride = k_token_stride;
-  p.v_token_stride = v_token_stride;
-  p.slot_mapping = host_ptr<const int64_t>(slot_mapping);
-  p.k_cache = host_ptr<void>(k_cache);
-  p.v_cache = host_ptr<void>(v_cache);
-  p.layout = layout;
-  p.dtype = kv_dtype(dtype);
-  p.num_tokens = num_tokens;
-  check(kv_write_cpu(p, /*strict=*/false));
+  check(kv_write_cpu(kv_write_params(k_cache, v_cache, layout, k, v, k_token_stride, v_token_stride, slot_mapping,
+                                     num_tokens, dtype),
+                     /*strict=*/false));
 }
 
 void kv_compact_ptr(uintptr_t k_cache, uintptr_t v_cache, const PagedKvLayout& layout,
@@ -55,23 +36,11 @@ void kv_compact_ptr(uintptr_t k_cache, uintptr_t v_cache, const PagedKvLayout& l
                     int32_t num_seqs, int32_t table_width, int32_t table_stride,
                     uintptr_t tree_start, uintptr_t path, uintptr_t num_accepted,
                     int32_t path_stride, const std::string& dtype) {
-  KvCompactParams p;
-  p.k_cache = host_ptr<void>(k_cache);
-  p.v_cache = host_ptr<void>(v_cache);
-  p.layout = layout;
-  p.dtype = kv_dtype(dtype);
-  p.num_layers = num_layers;
-  p.layer_stride = layer_stride;
-  p.block_table = host_ptr<const int32_t>(block_table);
-  p.num_seqs = num_seqs;
-  p.table_width = table_width;
-  p.table_stride = table_stride;
-  p.tree_start = host_ptr<const int32_t>(tree_start);
-  p.path = host_ptr<const int32_t>(path);
-  p.num_accepted = host_ptr<const int32_t>(num_accepted);
-  p.path_stride = path_stride;
   if (num_layers == 0 || num_seqs == 0) return;  // nothing to move
-  check(kv_compact_cpu(p, /*strict=*/false));
+  check(kv_compact_cpu(kv_compact_params(k_cache, v_cache, layout, num_layers, layer_stride, block_table, num_seqs,
+                                         table_width, table_stride, tree_start, path, num_accepted, path_stride,
+                                         dtype),
+                       /*strict=*/false));
 }
 
 void draft_step_inputs_ptr(uintptr_t block_table, int32_t num_seqs, int32_t table_width,
@@ -79,22 +48,10 @@ void draft_step_inputs_ptr(uintptr_t block_table, int32_t num_seqs, int32_t tabl
                            int32_t step, uintptr_t num_steps, uintptr_t positions_in,
                            uintptr_t sampled_tokens, uintptr_t positions_out, uintptr_t input_ids,
                            uintptr_t slot_mapping, uintptr_t kv_lens) {
-  DraftStepInputsParams p;
-  p.block_table = host_ptr<const int32_t>(block_table);
-  p.num_seqs = num_seqs;
-  p.table_width = table_width;
-  p.table_stride = table_stride;
-  p.block_size = block_size;
-  p.num_pages = num_pages;
-  p.step = step;
-  p.num_steps = host_ptr<const int32_t>(num_steps);
-  p.positions_in = host_ptr<const int64_t>(positions_in);
-  p.sampled_tokens = host_ptr<const int64_t>(sampled_tokens);
-  p.positions_out = host_ptr<int64_t>(positions_out);
-  p.input_ids = host_ptr<int64_t>(input_ids);
-  p.slot_mapping = host_ptr<int64_t>(slot_mapping);
-  p.kv_lens = host_ptr<int32_t>(kv_lens);
-  check(draft_step_inputs_cpu(p, /*strict=*/false));
+  check(draft_step_inputs_cpu(draft_step_inputs_params(block_table, num_seqs, table_width, table_stride, block_size,
+                                                       num_pages, step, num_steps, positions_in, sampled_tokens,
+                                                       positions_out, input_ids, slot_mapping, kv_lens),
+                              /*strict=*/false));
 }
 
 void tree_attention_ptr(uintptr_t q, int64_t q_token_stride, uintptr_t k_cache, uintptr_t v_cache,
@@ -103,27 +60,10 @@ void tree_attention_ptr(uintptr_t q, int64_t q_token_stride, uintptr_t k_cache, 
                         uintptr_t tree_mask, int32_t mask_words, uintptr_t out,
                         int64_t out_token_stride, int32_t num_seqs, int32_t num_tokens,
                         int32_t q_heads, double scale, const std::string& dtype) {
-  TreeAttentionParams p;
-  p.q = host_ptr<const void>(q);
-  p.q_token_stride = q_token_stride;
-  p.k_cache = host_ptr<const void>(k_cache);
-  p.v_cache = host_ptr<const void>(v_cache);
-  p.layout = layout;
-  p.dtype = kv_dtype(dtype);
-  p.block_table = host_ptr<const int32_t>(block_table);
-  p.table_width = table_width;
-  p.table_stride = table_stride;
-  p.query_start = host_ptr<const int32_t>(query_start);
-  p.kv_lens = host_ptr<const int32_t>(kv_lens);
-  p.tree_mask = host_ptr<const uint64_t>(tree_mask);
-  p.mask_words = mask_words;
-  p.out = host_ptr<void>(out);
-  p.out_token_stride = out_token_stride;
-  p.num_seqs = num_seqs;
-  p.num_tokens = num_tokens;
-  p.q_heads = q_heads;
-  p.scale = static_cast<float>(scale);
-  check(tree_attention_cpu(p, /*strict=*/false));
+  check(tree_attention_cpu(tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table, table_width,
+                                                 table_stride, query_start, kv_lens, tree_mask, mask_words, out,
+                                                 out_token_stride, num_seqs, num_tokens, q_heads, scale, dtype),
+                           /*strict=*/false));
 }
 
 }  // namespace
