@@ -8,19 +8,23 @@
 namespace specd::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTokensThreads = 128;  // greedy tokens: requests per block, one thread each
+constexpr int kThreads = 256;         // stochastic: threads per request (fixes its sums' order)
+constexpr int kGreedyThreads = 1024;  // greedy from logits: the argmax does not depend on it
+constexpr int kTokensThreads = 128;   // greedy tokens: requests per block, one thread each
 using Block = detail::DeviceBlock<kThreads>;
+using GreedyBlock = detail::DeviceBlock<kGreedyThreads>;
 using specd::detail::Emitter;
 using specd::detail::RequestNodes;
 
 // Kernel arguments are passed by value: their pointers are device pointers.
 
+// The walk reads one row per visited node, so a request's time is its rows' latency: a whole
+// 1024-thread block per request with many loads in flight (row_argmax) keeps it short.
 template <class Row>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kGreedyThreads)
     verify_greedy_kernel(TreeBatchView trees, LogitRows target, VerifyOutputs out) {
-  __shared__ Block::Shared shared;
-  Block b(&shared);
+  __shared__ GreedyBlock::Shared shared;
+  GreedyBlock b(&shared);
   const auto r = static_cast<int32_t>(blockIdx.x);
   specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
     return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
@@ -63,7 +67,8 @@ cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& tar
   if (!validate_verify_greedy(trees, target, out).ok()) return cudaErrorInvalidValue;
   if (trees.batch == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(target.dtype, [&](auto row) {
-    verify_greedy_kernel<decltype(row)><<<static_cast<unsigned>(trees.batch), kThreads, 0, stream>>>(trees, target, out);
+    verify_greedy_kernel<decltype(row)><<<static_cast<unsigned>(trees.batch), kGreedyThreads, 0, stream>>>(trees, target,
+                                                                                                       out);
     return cudaGetLastError();
   });
 }

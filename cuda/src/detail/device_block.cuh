@@ -5,8 +5,8 @@
 // Determinism: a reduction is a warp butterfly (every lane ends with the same bits, as the
 // operations used are commutative), then every thread folds the per-warp partials in warp
 // order. A scan is a Hillis-Steele warp scan plus the sum of the earlier warps' totals. No
-// floating-point atomics: the histogram adds integers only. So results depend on kThreads
-// but never on scheduling.
+// floating-point atomics: the histogram adds integers only (warp-aggregated). So results
+// depend on kThreads but never on scheduling.
 //
 // Barriers: each collective ends with __syncthreads() after its last read of shared
 // scratch, so back-to-back collectives never overwrite data still being read;
@@ -88,15 +88,36 @@ class DeviceBlock {
     }
     __syncthreads();
   }
+  // Warp-aggregated: the lanes calling together that share a bin add their count and mass
+  // with one atomic each (most elements of a softmax row fall into a few bins, and 32 lanes
+  // serialized on one shared address were the radix selection's bottleneck). The sums are
+  // integers, so the histogram is the same as with one add per element, in any order.
   __device__ void hist_add(int32_t bin, uint64_t mass) {
-    atomicAdd(&s_->hist_count[bin], 1u);
-    if (mass != 0) atomicAdd(&s_->hist_mass[bin], static_cast<unsigned long long>(mass));
+    const unsigned active = __activemask();
+    const unsigned peers = __match_any_sync(active, bin);
+    unsigned long long group_mass = mass;
+    if (__any_sync(active, mass != 0)) group_mass = peer_sum(peers, mass);
+    if ((threadIdx.x & 31) == static_cast<unsigned>(__ffs(peers) - 1)) {
+      atomicAdd(&s_->hist_count[bin], static_cast<unsigned>(__popc(peers)));
+      if (group_mass != 0) atomicAdd(&s_->hist_mass[bin], group_mass);
+    }
   }
   __device__ void hist_done() { __syncthreads(); }
   __device__ uint32_t hist_count(int32_t bin) const { return s_->hist_count[bin]; }
   __device__ uint64_t hist_mass(int32_t bin) const { return s_->hist_mass[bin]; }
 
  private:
+  // Sum over the lanes of `peers` (every one of them calls with the same mask) of a 64-bit
+  // value, mod 2^64 as the serial sum: three 32-bit reductions of 27, 27 and 10 bits, whose
+  // sums over at most 32 lanes cannot overflow.
+  __device__ static unsigned long long peer_sum(unsigned peers, uint64_t v) {
+    constexpr uint64_t k27 = (uint64_t{1} << 27) - 1;
+    const auto lo = static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>(v & k27)));
+    const auto mid = static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>((v >> 27) & k27)));
+    const auto hi = static_cast<unsigned long long>(__reduce_add_sync(peers, static_cast<unsigned>(v >> 54)));
+    return lo + (mid << 27) + (hi << 54);
+  }
+
   __device__ double* slots(double*) { return s_->partial.d; }
   __device__ int32_t* slots(int32_t*) { return s_->partial.i; }
   __device__ specd::detail::ArgMax* slots(specd::detail::ArgMax*) { return s_->partial.a; }

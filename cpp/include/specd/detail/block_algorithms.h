@@ -55,6 +55,36 @@ SPECD_HOST_DEVICE inline bool ranks_at_or_above(uint64_t key, int32_t id, uint64
   return key > cut_key || (key == cut_key && id <= cut_id);
 }
 
+#if defined(__CUDA_ARCH__)
+#define SPECD_UNROLL _Pragma("unroll")
+#else
+#define SPECD_UNROLL
+#endif
+
+// Loads per thread issued together by for_each_strided (for 2-byte logits twice as many).
+inline constexpr int32_t kLoadBatch = 8;
+
+// Strided iteration with batched loads: calls fn(i, load(i)) for i = rank, rank + size, ...
+// < n, in increasing i, exactly as the loop `for (i = rank; i < n; i += size) fn(i, load(i))`
+// does (the same calls in the same order, so every per-thread sum is unchanged), but issues
+// the loads of kBatch consecutive iterations before the first use. load(i) must be a pure
+// read. On the GPU this keeps kBatch loads per thread in flight instead of one: the row
+// passes were bound by memory latency, not bandwidth.
+template <int32_t kBatch = kLoadBatch, class Block, class Load, class Fn>
+SPECD_HOST_DEVICE void for_each_strided(const Block& b, int32_t n, const Load& load, const Fn& fn) {
+  using Value = decltype(load(0));
+  const int64_t step = b.size();
+  int64_t i = b.rank();
+  for (; i + (kBatch - 1) * step < n; i += kBatch * step) {
+    Value v[kBatch];
+    SPECD_UNROLL
+    for (int32_t u = 0; u < kBatch; ++u) v[u] = load(static_cast<int32_t>(i + u * step));
+    SPECD_UNROLL
+    for (int32_t u = 0; u < kBatch; ++u) fn(static_cast<int32_t>(i + u * step), v[u]);
+  }
+  for (; i < n; i += step) fn(static_cast<int32_t>(i), load(static_cast<int32_t>(i)));
+}
+
 // Chunked iteration: thread rank's contiguous share [lo, hi) of [0, n).
 struct Chunk {
   int32_t lo, hi;
@@ -87,11 +117,14 @@ SPECD_HOST_DEVICE int32_t nth_flagged_id(Block& b, int32_t n, const Flag& flag, 
   return b.min(found);
 }
 
-// Radix selection over the elements i in [0, n) with item(i).in_set, ranked by (key desc,
-// id asc): the first element at which the running stats meet `crit`. Eight passes of 8 bits
-// (most significant first) fix the cut's key; one more pass in id order breaks ties.
-template <class Block, class ItemFn>
-SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item, SelectCriterion crit) {
+// Radix selection over the elements i in [0, n) with item(i, load(i)).in_set, ranked by (key
+// desc, id asc): the first element at which the running stats meet `crit`. Eight passes of 8
+// bits (most significant first) fix the cut's key; one more pass in id order breaks ties.
+// `load` is a pure read (for_each_strided batches it); the histograms add integers, so the
+// result does not depend on the order of the adds.
+template <class Block, class Load, class ItemFn>
+SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, const ItemFn& item,
+                                         SelectCriterion crit) {
   SelectCut cut{false, 0, -1, 0};
   SelectStats above{0, 0};  // stats of the elements ranked above every candidate left
   uint64_t prefix = 0;      // key bits fixed so far
@@ -99,12 +132,12 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item
   for (int32_t level = 0; level < 8; ++level) {
     const int32_t shift = 56 - 8 * level;
     b.hist_clear();
-    for (int32_t i = b.rank(); i < n; i += b.size()) {
-      const SelectItem it = item(i);
-      if (!it.in_set) continue;
-      if (level > 0 && (it.key >> (shift + 8)) != (prefix >> (shift + 8))) continue;
+    for_each_strided(b, n, load, [&](int32_t i, const auto& value) {
+      const SelectItem it = item(i, value);
+      if (!it.in_set) return;
+      if (level > 0 && (it.key >> (shift + 8)) != (prefix >> (shift + 8))) return;
       b.hist_add(static_cast<int32_t>((it.key >> shift) & 0xFFu), it.mass);
-    }
+    });
     b.hist_done();
     if (level == 0)
       for (int32_t bin = 0; bin < 256; ++bin) cut.set_count += b.hist_count(bin);
@@ -128,10 +161,16 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item
   cut.key = prefix;
   cut.id = needed >= ties ? INT32_MAX
                           : nth_flagged_id(b, n, [&](int32_t i) {
-                              const SelectItem it = item(i);
+                              const SelectItem it = item(i, load(i));
                               return it.in_set && it.key == prefix;
                             }, needed);
   return cut;
+}
+
+// The same with item(i) doing its own reads.
+template <class Block, class ItemFn>
+SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item, SelectCriterion crit) {
+  return radix_select(b, n, [](int32_t i) { return i; }, [&](int32_t i, int32_t) { return item(i); }, crit);
 }
 
 // Inverse-CDF draw over weights w(i) >= 0, i in [0, n): the first i with w(i) > 0 whose

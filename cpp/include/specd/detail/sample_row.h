@@ -89,11 +89,10 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   // Validation and argmax in one pass (sampling_probs: NaN/+inf first, then all -inf).
   bool bad = false;
   ArgMax best = empty_argmax();
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
-    const float l = load(i);
+  for_each_strided<2 * kLoadBatch>(b, vocab, load, [&](int32_t i, float l) {
     bad = bad || is_bad_logit(l);
     best = better(best, ArgMax{l, i});
-  }
+  });
   if (b.any(bad)) return SampleStatus::kBadLogit;
   best = b.argmax(best);
   if (!(best.value > -INFINITY)) return SampleStatus::kNoFiniteLogit;
@@ -105,19 +104,20 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   }
   plan->temperature = params.temperature;
   double total = 0;
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) total += softmax_weight(load(i), plan->max_logit, plan->temperature);
+  for_each_strided(b, vocab, load,
+                   [&](int32_t, float l) { total += softmax_weight(l, plan->max_logit, plan->temperature); });
   plan->total = b.sum(total);
   if (!has_filters(params)) return SampleStatus::kOk;
 
   // The sum over the row of filtered_prob with the plan as it stands.
   const auto stage_total = [&]() {
     double s = 0;
-    for (int32_t i = b.rank(); i < vocab; i += b.size()) s += filtered_prob(*plan, i, softmax_prob(*plan, load(i)));
+    for_each_strided(b, vocab, load, [&](int32_t i, float l) { s += filtered_prob(*plan, i, softmax_prob(*plan, l)); });
     return b.sum(s);
   };
   if (params.top_k > 0) {
-    const SelectCut cut = radix_select(b, vocab, [&](int32_t i) {
-      const double p = softmax_prob(*plan, load(i));
+    const SelectCut cut = radix_select(b, vocab, load, [&](int32_t, float l) {
+      const double p = softmax_prob(*plan, l);
       return SelectItem{p > 0, double_bits(p), 0};
     }, SelectCriterion{false, static_cast<uint64_t>(params.top_k)});
     if (static_cast<uint64_t>(params.top_k) < cut.set_count) {  // else sampling.cc keeps all, unrenormalized
@@ -130,8 +130,8 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   }
   if (params.top_p < 1) {
     // Ranked set: tokens kept by top-k (p > 0); mass: their probability after top-k.
-    const SelectCut cut = radix_select(b, vocab, [&](int32_t i) {
-      const double p = softmax_prob(*plan, load(i));
+    const SelectCut cut = radix_select(b, vocab, load, [&](int32_t i, float l) {
+      const double p = softmax_prob(*plan, l);
       const double kept = filtered_prob(*plan, i, p);
       const bool in_set = p > 0 && (!plan->top_k_on || ranks_at_or_above(double_bits(p), i, plan->top_k_key, plan->top_k_id));
       return SelectItem{in_set, double_bits(p), fixed_mass(kept)};
@@ -145,10 +145,10 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   }
   if (params.min_p > 0) {
     double top = 0;  // the largest probability so far: that of the top-ranked token
-    for (int32_t i = b.rank(); i < vocab; i += b.size()) {
-      const double q = filtered_prob(*plan, i, softmax_prob(*plan, load(i)));
+    for_each_strided(b, vocab, load, [&](int32_t i, float l) {
+      const double q = filtered_prob(*plan, i, softmax_prob(*plan, l));
       top = q > top ? q : top;
-    }
+    });
     plan->min_p_floor = params.min_p * b.max(top);
     plan->min_p_on = true;
     plan->min_p_total = 1.0;
@@ -170,16 +170,17 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
     return SampleStatus::kOk;
   }
   // sample_token: p = float probs / their sum; draw target = u * sum(p).
-  const auto float_prob = [&](int32_t i) {
-    return static_cast<double>(static_cast<float>(row_prob(plan, i, load(i))));
+  const auto float_prob_of = [&](int32_t i, float l) {
+    return static_cast<double>(static_cast<float>(row_prob(plan, i, l)));
   };
+  const auto float_prob = [&](int32_t i) { return float_prob_of(i, load(i)); };
   double local = 0;
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) local += float_prob(i);
+  for_each_strided(b, vocab, load, [&](int32_t i, float l) { local += float_prob_of(i, l); });
   const double float_total = b.sum(local);
   if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
   const auto normalized = [&](int32_t i) { return float_prob(i) / float_total; };
   local = 0;
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) local += normalized(i);
+  for_each_strided(b, vocab, load, [&](int32_t i, float l) { local += float_prob_of(i, l) / float_total; });
   const double total = b.sum(local);
   const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
   *token = draw_inverse_cdf(b, vocab, normalized, u * total);
@@ -192,8 +193,11 @@ SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t voc
                                          float* probs) {
   RowPlan plan;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
-  for (int32_t i = b.rank(); i < vocab; i += b.size())
-    probs[i] = status == SampleStatus::kOk ? static_cast<float>(row_prob(plan, i, load(i))) : 0.0f;
+  if (status != SampleStatus::kOk) {
+    for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
+    return status;
+  }
+  for_each_strided(b, vocab, load, [&](int32_t i, float l) { probs[i] = static_cast<float>(row_prob(plan, i, l)); });
   return status;
 }
 

@@ -177,26 +177,35 @@ template <class Block, class Row>
 SPECD_HOST_DEVICE VerifyStatus row_argmax(Block& b, const Row& row, int32_t vocab, int32_t* token) {
   bool nan = false;
   ArgMax best = empty_argmax();
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
-    const float v = row(i);
+  for_each_strided<2 * kLoadBatch>(b, vocab, row, [&](int32_t i, float v) {
     if (v != v) nan = true;
     else best = better(best, ArgMax{v, i});
-  }
+  });
   if (b.any(nan)) return VerifyStatus::kBadTargetRow;
   *token = b.argmax(best).index;
   return VerifyStatus::kOk;
 }
+
+// Float32 probability rows are read with this many loads in flight per thread (256 threads
+// per request on the GPU; row_argmax: 2 * kLoadBatch with 1024 threads).
+inline constexpr int32_t kProbLoadBatch = 16;
+
+// Entry i of a node's target (p) and draft (q, 0 without a draft row) rows.
+struct ProbPair {
+  float p;
+  float q;
+};
 
 // LazyDistribution::load of verify.cc: validates a probability row and sums it.
 template <class Block>
 SPECD_HOST_DEVICE bool load_prob_row(Block& b, const float* row, int32_t vocab, double* total) {
   bool bad = false;
   double s = 0;
-  for (int32_t i = b.rank(); i < vocab; i += b.size()) {
-    const double v = static_cast<double>(row[i]);
+  for_each_strided<2 * kProbLoadBatch>(b, vocab, [row](int32_t i) { return row[i]; }, [&](int32_t, float f) {
+    const double v = static_cast<double>(f);
     bad = bad || !(is_finite(v) && v >= 0);
     s += v;
-  }
+  });
   if (b.any(bad)) return false;
   *total = b.sum(s);
   return *total > 0;
@@ -243,12 +252,14 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
         if (without_replacement && repeated_sibling(b, nodes, node)) return VerifyStatus::kRepeatedSibling;
       }
     }
-    // p and q of token i after j rejections at this node.
-    const auto probs_at = [&](int32_t i, int32_t j, double* p, double* q) {
-      const double p0 = static_cast<double>(p_row[i]) / p_total;
-      const double q0 = has_draft && q_row != nullptr ? static_cast<double>(q_row[i]) / q_total : 0.0;
+    // p and q of token i after j rejections at this node, from its row entries.
+    const auto probs_of = [&](int32_t i, const ProbPair& v, int32_t j, double* p, double* q) {
+      const double p0 = static_cast<double>(v.p) / p_total;
+      const double q0 = has_draft && q_row != nullptr ? static_cast<double>(v.q) / q_total : 0.0;
       residual_probs(p0, q0, i, rejected, j, has_draft, without_replacement, p, q);
     };
+    const auto load = [&](int32_t i) { return ProbPair{p_row[i], q_row != nullptr ? q_row[i] : 0.0f}; };
+    const auto probs_at = [&](int32_t i, int32_t j, double* p, double* q) { probs_of(i, load(i), j, p, q); };
     int32_t j = 0, accepted = -1;
     for (int32_t c = first; c >= 0; c = next_child(nodes, node, c), ++j) {
       const int32_t x = nodes.tokens[c];
@@ -263,16 +274,16 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       }
       // Rejected: the totals that normalize the residuals of sibling j + 1.
       double p_sum = 0, q_sum = 0;
-      for (int32_t i = b.rank(); i < vocab; i += b.size()) {
+      for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& v) {
         double p = 0, q = 0;
-        probs_at(i, j, &p, &q);
+        probs_of(i, v, j, &p, &q);
         if (has_draft) {
           p_sum += p - q > 0 ? p - q : 0.0;
           if (without_replacement) q_sum += i == x ? 0.0 : q;
         } else {
           p_sum += i == x ? 0.0 : p;
         }
-      }
+      });
       p_sum = b.sum(p_sum);
       q_sum = b.sum(q_sum);
       if (b.rank() == 0) rejected[j] = Rejection{x, p_sum, q_sum};
@@ -291,7 +302,11 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       return p;
     };
     double local = 0;
-    for (int32_t i = b.rank(); i < vocab; i += b.size()) local += weight(i);
+    for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& v) {
+      double p = 0, q = 0;
+      probs_of(i, v, j, &p, &q);
+      local += p;
+    });
     const double total = b.sum(local);
     const double u = philox_uniform(rng.seed, rng.request, rng.step, position, kFinalDraw);
     emit.finish(b, draw_inverse_cdf(b, vocab, weight, u * total));
