@@ -1,16 +1,20 @@
 """Times specd's CUDA kernels (through the torch custom ops of specd.ops) against the torch /
-host paths the engine uses today, on the lent GPU, and checks they agree.
+host paths the engine uses today, on the lent GPU, checks they agree, and sets each against
+a memory-bandwidth lower bound.
 
-    python bench/gpu/bench_kernels.py [--quick] [--out DIR] [--only NAME ...] [--dry-run]
+    python bench/gpu/bench_kernels.py [--quick] [--out DIR] [--only NAME ...] [--dry-run] [--smoke-cpu]
 
 Cases (sizes of the real pair, Qwen2.5-Coder 1.5B / 0.5B: vocab 151,936, kv_heads 2,
 head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
-  sampling       batch 64 x vocab 152k, mixed greedy / temperature / top-k / top-p rows:
-                 ops.sample_tokens and ops.sampling_probs vs the batched torch rows
-                 (engine/row_sampling.py) and the per-row torch loop (torch_sampling.py)
-  verification   batch 64 x k 8 chains (576 nodes) x vocab 152k: ops.verify_greedy and
-                 ops.verify_stochastic vs the engine's host path (argmax / rows to the host,
-                 then specd.verification per request)
+  sampling       64 x 152k logits, one row per mode: greedy-only, temperature-only (0.8),
+                 top-k 50, top-p 0.9, mixed (the four modes in turn), each with bf16 and fp32
+                 logits: ops.sample_tokens vs the batched torch rows (engine/row_sampling.py);
+                 ops.sampling_probs (mixed); the per-row torch loop (torch_sampling.py, mixed fp32)
+  verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
+                 bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
+                 "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
+                 argmax / token ids to the host + specd.verification per request;
+                 ops.verify_stochastic vs rows to the host + verify
   kv_write       64 and 4096 new tokens into one layer's strided pool view: ops.kv_write vs
                  models.attention.write_kv
   kv_compact     64 requests x 28 layers, accepted paths of a 9-node tree: ops.kv_compact on
@@ -18,14 +22,29 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
   tree_attention 64 requests x (history 512 / 2048 + 9 tree nodes), 12 q heads: kv_write +
                  ops.tree_attention vs TorchPagedAttention.forward (write + per-sequence SDPA)
 
-Timing: CUDA events per call, warm-up first, median of the repetitions; host paths with a
-synchronised wall clock. Prints a table; writes bench_kernels.json under --out ($OUT, else
-bench-results/). --dry-run checks the imports and prints the plan without a GPU.
+Timing, per op and baseline:
+  dev us   device time per call: C back-to-back calls (C = up to 20, fewer for slow calls)
+           captured in one torch.cuda.CUDAGraph, replayed under CUDA events, median over the
+           repetitions / C ("graph xC"). Where a call cannot be captured (it synchronises with
+           the host), C back-to-back eager calls under CUDA events ("eager xC", which then
+           includes the host's share); host paths (data to the host, verify there): a
+           synchronised wall clock ("wall").
+  host us  host time per call: wall clock of N eager calls without a synchronisation in
+           between, / N (what the calling thread pays; the launch latency of small kernels).
+  bound us bytes the op must read + write / peak bandwidth, the bandwidth measured in the same
+           run by a >= 1 GiB device-to-device copy (bytes read + written / time); "bw %" =
+           bound / dev. verify_stochastic's bound reads every node's target and draft rows
+           once (the work when all drafts are visited); verify_greedy_tokens has none (its
+           inputs are a few KB: it is launch-bound).
+Prints a table; writes bench_kernels.json under --out ($OUT, else bench-results/). --dry-run
+checks the imports and prints the plan without a GPU; --smoke-cpu runs every case at tiny
+sizes on the CPU references (times nothing meaningful).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -38,6 +57,8 @@ import numpy as np
 import torch
 
 CASES = ("sampling", "verification", "kv_write", "kv_compact", "tree_attention")
+MAX_CALLS = 20          # calls per captured graph / host-time batch
+TARGET_BATCH_MS = 2.0   # fewer calls per graph for slow ops (a replay of ~2 ms is plenty)
 
 
 @dataclass(frozen=True)
@@ -54,10 +75,23 @@ class Setup:
     write_tokens: tuple = (64, 4096)
     histories: tuple = (512, 2048)
     dtype: torch.dtype = torch.bfloat16
+    bandwidth: float = 0.0  # bytes / s, measured (peak_bandwidth)
 
-    def time(self, fn: Callable[[], object], warmup: int = 3, reps: Optional[int] = None) -> float:
-        reps = reps or self.reps
-        return cuda_ms(fn, warmup, reps) if self.dev.type == "cuda" else wall_ms(fn, 1, reps)
+    @property
+    def cuda(self) -> bool:
+        return self.dev.type == "cuda"
+
+    def measure(self, fn: Callable[[], object], capture: bool = True) -> dict:
+        """Device and host microseconds per call of fn (module doc)."""
+        return measure_cuda(fn, self.reps, capture) if self.cuda else measure_cpu(fn, self.reps)
+
+    def wall(self, fn: Callable[[], object], reps: Optional[int] = None) -> dict:
+        """A host path (synchronises by itself): synchronised wall clock per call."""
+        us = wall_ms(fn, 1, reps or self.reps) * 1e3
+        return {"dev_us": us, "host_us": us, "timing": "wall"}
+
+    def bound_us(self, nbytes: float) -> Optional[float]:
+        return nbytes / self.bandwidth * 1e6 if self.bandwidth and nbytes else None
 
 
 SMOKE = dict(vocab=1000, batch=4, k=3, layers=2, pages=64, write_tokens=(8,), histories=(20,), dtype=torch.float32)
@@ -68,19 +102,68 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def cuda_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
-    """Median milliseconds of fn() on the current stream (CUDA events)."""
-    for _ in range(warmup):
-        fn()
+def events_ms(run: Callable[[], object], reps: int) -> float:
+    """Median milliseconds of run() on the current stream (CUDA events)."""
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def host_us(fn: Callable[[], object], calls: int, dev: torch.device) -> float:
+    """Wall clock of `calls` eager calls without a synchronisation in between, per call (median
+    of 3 batches), synchronising only before and after each batch."""
+    times = []
+    for _ in range(3):
+        sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls * 1e6)
+        sync(dev)
+    return statistics.median(times)
+
+
+def measure_cuda(fn: Callable[[], object], reps: int, capture: bool = True) -> dict:
+    current = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    with torch.cuda.stream(side):  # warm-up (lazy initialisations) off the capture stream
+        for _ in range(2):
+            fn()
+    current.wait_stream(side)
+    torch.cuda.synchronize()
+    one = events_ms(fn, 3)
+    calls = max(1, min(MAX_CALLS, int(TARGET_BATCH_MS / max(one, 1e-3))))
+    dev_ms, timing = None, None
+    if capture:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            dev_ms, timing = events_ms(graph.replay, reps) / calls, f"graph x{calls}"
+        except Exception as e:  # the op synchronises with the host (or is otherwise not capturable)
+            torch.cuda.synchronize()
+            timing = f"eager x{calls} (no capture: {type(e).__name__})"
+        finally:
+            del graph
+    if dev_ms is None:
+        dev_ms = events_ms(lambda: [fn() for _ in range(calls)], reps) / calls
+        timing = timing or f"eager x{calls}"
+    return {"dev_us": dev_ms * 1e3, "host_us": host_us(fn, max(calls, 5), torch.device("cuda")), "timing": timing}
+
+
+def measure_cpu(fn: Callable[[], object], reps: int) -> dict:
+    us = wall_ms(fn, 1, reps) * 1e3
+    return {"dev_us": us, "host_us": us, "timing": "cpu wall"}
 
 
 def wall_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
@@ -98,10 +181,50 @@ def wall_ms(fn: Callable[[], object], warmup: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def row(case: str, shape: str, specd_ms: float, baseline: str, base_ms: float, check: str) -> dict:
-    return {"case": case, "shape": shape, "specd_ms": round(specd_ms, 4), "baseline": baseline,
-            "baseline_ms": round(base_ms, 4), "speedup": round(base_ms / specd_ms, 2) if specd_ms else None,
-            "check": check}
+def peak_bandwidth(dev: torch.device, reps: int) -> tuple[float, int]:
+    """Bytes read + written per second of a large device-to-device copy (1 GiB on a GPU)."""
+    nbytes = (1 << 30) if dev.type == "cuda" else (64 << 20)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if dev.type == "cuda":
+        seconds = events_ms(lambda: dst.copy_(src), max(5, reps)) / 1e3
+    else:
+        seconds = wall_ms(lambda: dst.copy_(src), 1, max(3, reps)) / 1e3
+    return 2 * nbytes / seconds, nbytes
+
+
+def row(s: Setup, case: str, shape: str, specd: dict, baseline: str, base: Optional[dict], check: str,
+        nbytes: float = 0.0, bound_note: str = "") -> dict:
+    """One table row: specd's op (device, host us), its bound, and the baseline's times."""
+    bound = s.bound_us(nbytes)
+    out = {"case": case, "shape": shape, "specd_dev_us": round(specd["dev_us"], 2),
+           "specd_host_us": round(specd["host_us"], 2), "timing": specd["timing"],
+           "bound_us": round(bound, 2) if bound else None, "bound_bytes": int(nbytes) or None,
+           "bandwidth_share": round(bound / specd["dev_us"], 3) if bound else None, "bound_note": bound_note or None,
+           "baseline": baseline, "check": check}
+    if base is not None:
+        out.update(baseline_dev_us=round(base["dev_us"], 2), baseline_host_us=round(base["host_us"], 2),
+                   baseline_timing=base["timing"],
+                   speedup=round(base["dev_us"] / specd["dev_us"], 2) if specd["dev_us"] else None)
+    return out
+
+
+def dname(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def esize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+SAMPLING_MODES = {  # (temperature, top_k, top_p) of the rows, in turn
+    "greedy": [(0.0, 0, 1.0)],
+    "temperature 0.8": [(0.8, 0, 1.0)],
+    "top-k 50": [(0.7, 50, 1.0)],
+    "top-p 0.9": [(1.0, 0, 0.9)],
+    "mixed": [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.7, 50, 1.0), (1.0, 0, 0.9)],
+}
 
 
 def bench_sampling(s: Setup) -> list[dict]:
@@ -112,36 +235,47 @@ def bench_sampling(s: Setup) -> list[dict]:
 
     dev, n = s.dev, s.batch
     g = torch.Generator(device=dev).manual_seed(0)
-    logits = torch.randn(n, s.vocab, device=dev, generator=g) * 4
-    kinds = [(0.0, 0, 1.0), (0.8, 0, 1.0), (0.7, 50, 1.0), (1.0, 0, 0.9)]
-    temp, top_k, top_p = (torch.tensor([kinds[i % 4][j] for i in range(n)], device=dev) for j in range(3))
-    params = ops.pack_sampling_params(temp, top_k, top_p, torch.zeros(n, device=dev))
+    logits32 = torch.randn(n, s.vocab, device=dev, generator=g) * 4
     keys = ops.pack_rng_keys(torch.tensor(7, device=dev), torch.arange(n, device=dev), torch.tensor(1, device=dev),
                              torch.arange(n, device=dev))
-    rp = RowParams(greedy=temp == 0, temperature=torch.where(temp == 0, 1.0, temp).double(), top_k=top_k.long(),
-                   top_p=top_p.double(), min_p=torch.zeros(n, dtype=torch.float64, device=dev),
-                   seed_lo=torch.full((n,), 7, device=dev), seed_hi=torch.zeros(n, dtype=torch.int64, device=dev),
-                   request=torch.arange(n, device=dev))
     positions = torch.arange(n, device=dev)
-    tokens, status = ops.sample_tokens(logits, params, keys)
-    probs, _ = ops.sampling_probs(logits, params)
-    ref = row_sampling_probs(logits, rp)
-    greedy_ok = torch.equal(tokens[temp == 0].long(), logits[temp == 0].argmax(-1))
-    err = float((probs.double() - ref).abs().max())
-    check = f"status ok={not bool(status.any())}, greedy equal={greedy_ok}, probs max|diff|={err:.1e}"
-    py_params = [SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p)) for t, k, p in
-                 zip(temp.tolist(), top_k.tolist(), top_p.tolist())]
-    shape = f"{n} x {s.vocab}"
-    sample = s.time(lambda: ops.sample_tokens(logits, params, keys))
-    return [
-        row("sample_tokens", shape, sample, "torch batched rows", s.time(lambda: sample_rows(logits, rp, 1, positions)),
-            check),
-        row("sampling_probs", shape, s.time(lambda: ops.sampling_probs(logits, params)), "torch batched rows",
-            s.time(lambda: row_sampling_probs(logits, rp)), check),
-        row("sample_tokens", shape, sample, "torch per-row loop",
-            wall_ms(lambda: [sampling_probs(logits[r], p) for r, p in enumerate(py_params)], 1, max(3, s.reps // 4)),
-            "the plain draft loop's per-row path"),
-    ]
+    dtypes = (torch.bfloat16, torch.float32) if s.cuda else (torch.float32,)
+    out = []
+    for mode, kinds in SAMPLING_MODES.items():
+        temp, top_k, top_p = (torch.tensor([kinds[i % len(kinds)][j] for i in range(n)], device=dev)
+                              for j in range(3))
+        params = ops.pack_sampling_params(temp, top_k, top_p, torch.zeros(n, device=dev))
+        rp = RowParams(greedy=temp == 0, temperature=torch.where(temp == 0, 1.0, temp).double(), top_k=top_k.long(),
+                       top_p=top_p.double(), min_p=torch.zeros(n, dtype=torch.float64, device=dev),
+                       seed_lo=torch.full((n,), 7, device=dev), seed_hi=torch.zeros(n, dtype=torch.int64, device=dev),
+                       request=torch.arange(n, device=dev))
+        for dtype in dtypes:
+            logits = logits32.to(dtype)
+            tokens, status = ops.sample_tokens(logits, params, keys)
+            probs, _ = ops.sampling_probs(logits, params)
+            ref = row_sampling_probs(logits.float(), rp)
+            greedy_ok = torch.equal(tokens[temp == 0].long(), logits.float()[temp == 0].argmax(-1))
+            err = float((probs.double() - ref).abs().max())
+            check = f"status ok={not bool(status.any())}, greedy equal={greedy_ok}, probs max|diff|={err:.1e}"
+            shape = f"{n} x {s.vocab} {dname(dtype)}, {mode}"
+            read = n * s.vocab * esize(dtype)
+            specd = s.measure(lambda: ops.sample_tokens(logits, params, keys))
+            base = s.measure(lambda: sample_rows(logits, rp, 1, positions))
+            out.append(row(s, "sample_tokens", shape, specd, "torch batched rows", base, check, read,
+                           "one read of the logits"))
+            print(f"  sampling {shape}: {specd['dev_us']:.1f} us", flush=True)
+            if mode == "mixed":
+                out.append(row(s, "sampling_probs", shape, s.measure(lambda: ops.sampling_probs(logits, params)),
+                               "torch batched rows", s.measure(lambda: row_sampling_probs(logits, rp)), check,
+                               read + n * s.vocab * 4, "logits read + fp32 probs written"))
+                if dtype == torch.float32:
+                    py_params = [SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p)) for t, k, p in
+                                 zip(temp.tolist(), top_k.tolist(), top_p.tolist())]
+                    base = s.wall(lambda: [sampling_probs(logits[r], p) for r, p in enumerate(py_params)],
+                                  max(3, s.reps // 4))
+                    out.append(row(s, "sample_tokens", shape, specd, "torch per-row loop", base,
+                                   "the plain draft loop's per-row path", read, "one read of the logits"))
+    return out
 
 
 def random_chains(s: Setup, g):
@@ -180,22 +314,49 @@ def bench_verification(s: Setup) -> list[dict]:
         return [verify(t[r * width:(r + 1) * width], trees[r], d[r * width:(r + 1) * width], seed=3, request=r,
                        position=100) for r in range(n)]
 
+    def host_greedy_from_tokens():
+        host = target_tokens.cpu()
+        return [verify_greedy_tokens(host[r * width:(r + 1) * width], trees[r]) for r in range(n)]
+
+    target_tokens = logits.argmax(-1).int()
+    logits16 = logits.to(torch.bfloat16) if s.cuda else logits
     got_g = ops.verify_greedy(offsets, parents, tokens, logits, width)
+    got_g16 = ops.verify_greedy(offsets, parents, tokens, logits16, width)
+    got_t = ops.verify_greedy_tokens(offsets, parents, tokens, target_tokens, width)
     got_s = ops.verify_stochastic(offsets, parents, tokens, target_probs, draft_probs, keys, "without_replacement",
                                   width)
     want_g, want_s = host_greedy(), host_stochastic()
-    same_g = got_g[2].tolist() == [o.num_accepted for o in want_g]
+    want_accepted = [o.num_accepted for o in want_g]
+    same_g = got_g[2].tolist() == want_accepted
+    same_t = got_t[2].tolist() == want_accepted and all(
+        got_t[0][r, :o.num_accepted + 1].tolist() == list(o.tokens) for r, o in enumerate(want_g))
+    # bf16 rows may round two near-equal logits together: compare with the argmax of the rounded rows
+    want16 = ops.verify_greedy_tokens(offsets.cpu(), parents.cpu(), tokens.cpu(),
+                                      logits16.float().argmax(-1).int().cpu(), width)
+    same_g16 = torch.equal(got_g16[0].cpu(), want16[0])
     same_s = got_s[2].tolist() == [o.num_accepted for o in want_s] and all(
         got_s[0][r, :o.num_accepted + 1].tolist() == list(o.tokens) for r, o in enumerate(want_s))
     shape = f"{n} x k {s.k} x {s.vocab}"
-    return [
-        row("verify_greedy", shape, s.time(lambda: ops.verify_greedy(offsets, parents, tokens, logits, width)),
-            "argmax + host verify", wall_ms(host_greedy, 1, s.reps), f"equal to host={same_g}"),
-        row("verify_stochastic", shape,
-            s.time(lambda: ops.verify_stochastic(offsets, parents, tokens, target_probs, draft_probs, keys,
-                                                 "without_replacement", width)),
-            "rows to host + verify", wall_ms(host_stochastic, 1, max(3, s.reps // 4)), f"equal to host={same_s}"),
-    ]
+    rows_read = nodes * s.vocab
+    out, host_path = [], s.wall(host_greedy)
+    variants = [(logits, f"equal to host={same_g}", "fp32")]
+    if s.cuda:
+        variants.append((logits16, f"equal to the CPU op on the bf16 rows' argmax={same_g16}", "bf16"))
+    for rows_t, check, name in variants:
+        out.append(row(s, "verify_greedy", f"{shape} {name} logits",
+                       s.measure(lambda: ops.verify_greedy(offsets, parents, tokens, rows_t, width)),
+                       "argmax + host verify (fp32)", host_path, check,
+                       rows_read * esize(rows_t.dtype), f"one read of the {nodes} logits rows"))
+    out.append(row(s, "verify_greedy_tokens", f"{shape}, token ids",
+                   s.measure(lambda: ops.verify_greedy_tokens(offsets, parents, tokens, target_tokens, width)),
+                   "token ids to host + host verify", s.wall(host_greedy_from_tokens), f"equal to host={same_t}",
+                   0, "no bound: a few KB of inputs (launch-bound)"))
+    out.append(row(s, "verify_stochastic", f"{shape} fp32 probs",
+                   s.measure(lambda: ops.verify_stochastic(offsets, parents, tokens, target_probs, draft_probs, keys,
+                                                           "without_replacement", width)),
+                   "rows to host + verify", s.wall(host_stochastic, max(3, s.reps // 4)), f"equal to host={same_s}",
+                   2 * rows_read * 4, "every node's target + draft row read once"))
+    return out
 
 
 def pool_views(s: Setup, pages, layers, g, heads=2, dim=128, block=16):
@@ -220,9 +381,11 @@ def bench_kv_write(s: Setup) -> list[dict]:
         ops.kv_write(layers[0].k, layers[0].v, k, v, slots)
         write_kv(layer_b, k, v, slots)
         check = f"equal={torch.equal(storage, other)}"
-        out.append(row("kv_write", f"{tokens} tok, 2x128 {str(s.dtype)[6:]}",
-                       s.time(lambda: ops.kv_write(layers[0].k, layers[0].v, k, v, slots)),
-                       "torch index_put", s.time(lambda: write_kv(layer_b, k, v, slots)), check))
+        moved = 2 * 2 * tokens * k[0].numel() * esize(s.dtype)  # K and V rows, read + written
+        out.append(row(s, "kv_write", f"{tokens} tok, 2x128 {dname(s.dtype)}",
+                       s.measure(lambda: ops.kv_write(layers[0].k, layers[0].v, k, v, slots)),
+                       "torch index_put", s.measure(lambda: write_kv(layer_b, k, v, slots)), check, moved,
+                       "new K/V rows read + written"))
     return out
 
 
@@ -253,9 +416,11 @@ def bench_kv_compact(s: Setup) -> list[dict]:
     ops.kv_compact(k5, v5, table, tree_start, path, accepted)
     torch_path()
     check = f"equal={torch.equal(storage, other)}"
-    return [row("kv_compact", f"{n} req x {s.layers} layers, 5 moves",
-                s.time(lambda: ops.kv_compact(k5, v5, table, tree_start, path, accepted)),
-                "torch gather/scatter per layer", s.time(torch_path), check)]
+    moved = 2 * n * 5 * s.layers * 2 * storage[0, 0, 0, 0].numel() * esize(s.dtype)  # rows read + written
+    return [row(s, "kv_compact", f"{n} req x {s.layers} layers, 5 moves",
+                s.measure(lambda: ops.kv_compact(k5, v5, table, tree_start, path, accepted)),
+                "torch gather/scatter per layer", s.measure(torch_path), check, moved,
+                "moved K/V rows read + written")]
 
 
 def bench_tree_attention(s: Setup) -> list[dict]:
@@ -286,10 +451,13 @@ def bench_tree_attention(s: Setup) -> list[dict]:
 
         want, got = torch_backend.forward(q, k, v, cache, meta, None), specd_path()
         rel = float((got.float() - want.float()).norm() / want.float().norm())
-        out.append(row("tree_attention", f"{n} req x ({history} + {nodes}), 12/2 heads x 128",
-                       s.time(specd_path), "TorchPagedAttention (write + SDPA)",
-                       wall_ms(lambda: torch_backend.forward(q, k, v, cache, meta, None), 2, s.reps),
-                       f"rel err={rel:.1e}"))
+        e = esize(s.dtype)
+        nbytes = (n * (history + nodes) * k[0].numel() * 2 * e  # K/V read once (GQA groups share it)
+                  + 2 * q.numel() * e + 2 * 2 * k.numel() * e)  # q read + out written; new K/V copied
+        out.append(row(s, "tree_attention", f"{n} req x ({history} + {nodes}), 12/2 heads x 128 {dname(s.dtype)}",
+                       s.measure(specd_path), "TorchPagedAttention (write + SDPA)",
+                       s.measure(lambda: torch_backend.forward(q, k, v, cache, meta, None)),
+                       f"rel err={rel:.1e}", nbytes, "KV read once + q, out, new K/V"))
     return out
 
 
@@ -297,11 +465,21 @@ BENCHES = {"sampling": bench_sampling, "verification": bench_verification, "kv_w
            "kv_compact": bench_kv_compact, "tree_attention": bench_tree_attention}
 
 
+def fmt(x: Optional[float], width: int, digits: int = 1) -> str:
+    return f"{x:>{width}.{digits}f}" if x is not None else f"{'-':>{width}}"
+
+
 def print_table(rows: list[dict]) -> None:
-    print(f"{'case':<18} {'shape':<42} {'specd ms':>9} {'baseline ms':>12} {'x':>6}  baseline / check")
+    print("dev us: device time per call (CUDA graph of back-to-back calls, else eager under events: see timing);"
+          " host us: host time per call; bound us: bytes / measured copy bandwidth; bw %: bound / dev")
+    print(f"{'case':<20} {'shape':<44} {'dev us':>9} {'host us':>8} {'bound us':>9} {'bw %':>5} "
+          f"{'base dev':>10} {'base host':>9} {'x':>6}  timing | baseline (timing) / check")
     for r in rows:
-        print(f"{r['case']:<18} {r['shape']:<42} {r['specd_ms']:>9.3f} {r['baseline_ms']:>12.3f} "
-              f"{r['speedup'] or 0:>6.2f}  {r['baseline']} / {r['check']}")
+        share = 100 * r["bandwidth_share"] if r.get("bandwidth_share") else None
+        print(f"{r['case']:<20} {r['shape']:<44} {fmt(r['specd_dev_us'], 9)} {fmt(r['specd_host_us'], 8)} "
+              f"{fmt(r['bound_us'], 9)} {fmt(share, 5, 0)} {fmt(r.get('baseline_dev_us'), 10)} "
+              f"{fmt(r.get('baseline_host_us'), 9)} {fmt(r.get('speedup'), 6, 2)}  {r['timing']} | "
+              f"{r['baseline']} ({r.get('baseline_timing', '-')}) / {r['check']}")
 
 
 def main(argv=None) -> int:
@@ -317,10 +495,12 @@ def main(argv=None) -> int:
     from specd import _core
 
     cases = args.only or list(CASES)
-    reps = 10 if args.quick else 30
+    reps = 5 if args.quick else 15
     print(f"specd {_core.__version__}: CUDA kernels built={ops.HAS_CUDA_KERNELS}, torch {torch.__version__}, "
           f"cuda available={torch.cuda.is_available()}")
-    print(f"plan: {', '.join(cases)}; {reps} repetitions (median); JSON -> {args.out}/bench_kernels.json")
+    print(f"plan: {', '.join(cases)}; {reps} repetitions (median) of CUDA-graph replays of up to {MAX_CALLS} calls "
+          f"(device time) and of {MAX_CALLS}-call eager batches (host time); peak bandwidth from a 1 GiB copy; "
+          f"JSON -> {args.out}/bench_kernels.json")
     if args.dry_run:
         missing = [n for n in ("kv_write_cuda", "tree_attention_cuda", "sample_tokens_batch_cuda",
                                "verify_stochastic_batch_cuda") if not hasattr(_core, n)]
@@ -333,16 +513,22 @@ def main(argv=None) -> int:
         return 2
     else:
         setup = Setup(torch.device("cuda"), reps)
+    bandwidth, copied = peak_bandwidth(setup.dev, setup.reps)
+    setup = dataclasses.replace(setup, bandwidth=bandwidth)
+    print(f"peak bandwidth (copy_ of {copied >> 20} MiB, read + written): {bandwidth / 1e9:.0f} GB/s", flush=True)
     rows, errors = [], {}
     for name in cases:
+        t0 = time.perf_counter()
         try:
             rows += BENCHES[name](setup)
+            print(f"[{name}] measured in {time.perf_counter() - t0:.1f} s", flush=True)
         except Exception as e:  # one broken case must not hide the others' numbers
             errors[name] = f"{type(e).__name__}: {e}"
             print(f"[{name}] FAILED: {errors[name]}", file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if setup.dev.type == "cuda" else "cpu (smoke)",
-            "torch": torch.__version__, "reps": setup.reps}
+            "torch": torch.__version__, "reps": setup.reps, "max_calls_per_graph": MAX_CALLS,
+            "peak_bandwidth_GBps": round(bandwidth / 1e9, 1), "bandwidth_copy_bytes": copied}
     with open(os.path.join(args.out, "bench_kernels.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "errors": errors}, f, indent=1)
     print_table(rows)
