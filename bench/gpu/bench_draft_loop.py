@@ -2,16 +2,33 @@
 (run_draft, torch attention) against the draft graph runner (engine/draft_graph.py) eager and
 captured in CUDA graphs, through the whole engine.
 
-    python bench/gpu/bench_draft_loop.py [--quick] [--out DIR] [--dry-run]
+    python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--dry-run] [--smoke-cpu]
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
-Qwen2.5-Coder-1.5B, draft like 0.5B: 24 layers, hidden 896, 14/2 heads, vocab 151,936), bf16,
-built in memory (no download; acceptance is meaningless, timing is not). For each batch size
-and k, one LLM per mode generates the same greedy requests after a warm-up run (which also
-captures the graphs); reported: draft milliseconds per draft forward (the engine's timer:
-draft time / draft forwards, forward 0 included), the draft share of the step, and whether
-the outputs equal the plain loop's (they must: greedy speculation is lossless). Writes
-bench_draft_loop.json under --out.
+Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
+heads; vocab 151,936), bf16, built in memory (no download; acceptance is meaningless, timing
+is not). Plan: batch 1 and 8, k 4, 24 greedy tokens (--quick: 12 tokens); for each case, one
+LLM per mode generates the same requests after a warm-up run (which also captures the graphs).
+
+Per row (printed as soon as measured; bench_draft_loop.json rewritten after every row):
+  draft ms/fwd   the engine's timer: draft time / draft forwards (forward 0, the catch-up,
+                 included; the engine synchronises around every forward, graph mode times the
+                 whole replay in its first forward)
+  wall us/step   a probe around the engine's draft calls (model_runner.run_draft, patched in
+                 this script only): the same call re-run with a synchronisation before and after
+                 and no engine timer, wall clock / draft forwards (k per call)
+  gpu us/step    the same call once more under torch.profiler (CUDA activity): the union of the
+                 device intervals of its kernels and copies / draft forwards, i.e. the GPU time
+                 of that work without the gaps the host leaves
+  host us/step   wall - gpu: the host-side overhead per draft step (Python, launches, host
+                 synchronisations) that the GPU waits for. Medians over up to 6 draft calls per
+                 run (the first call of a run, which catches the draft up on the prompts, skipped).
+  draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
+                 whether the outputs equal the plain loop's (greedy speculation is lossless).
+Re-running a draft call is harmless: it writes the same KV rows with the same values and
+returns the same drafts. --budget-s (default 120): cases not started by then (or predicted to
+end after it) are skipped and listed as skipped. --smoke-cpu: tiny float32 models on the CPU,
+no CUDA-graph mode and no profiler (times nothing meaningful).
 """
 
 from __future__ import annotations
@@ -19,12 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
+from typing import Optional
 
 import torch
 
 MODES = ("eager loop", "graph runner, eager", "graph runner, CUDA graph")
+PROBE_CALLS = 6  # draft calls probed per run (after the first)
 
 
 def configs(smoke: bool = False):
@@ -55,7 +75,73 @@ def random_model(config, dev, dtype):
     return model.to(dtype).eval()
 
 
-def run_mode(mode, target, draft, prompts, batch, k, max_tokens):
+def gpu_busy_us(fn) -> Optional[float]:
+    """Microseconds the GPU spends in fn's kernels and copies (union of their intervals, from
+    torch.profiler's CUDA activity), or None when the profiler records no device activity."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        return None
+    busy, (start, end) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > end:
+            busy += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return busy + end - start
+
+
+class DraftProbe:
+    """Wraps model_runner.run_draft while enabled: for up to PROBE_CALLS calls (after skipping
+    the first), re-runs the call without the engine's timer (synchronised wall clock) and under
+    the profiler (GPU busy time), then runs it for the engine as usual (module doc)."""
+
+    def __init__(self, real, cuda: bool):
+        self.real, self.cuda = real, cuda
+        self.enabled, self.seen, self.samples, self.errors = False, 0, [], []
+
+    def reset(self, enabled: bool) -> None:
+        self.enabled, self.seen, self.samples = enabled, 0, []
+
+    def __call__(self, model, pool, items, on_forward=None, graph=None):
+        if self.enabled and self.seen > 0 and len(self.samples) < PROBE_CALLS:
+            forwards = max(it.k for it in items)
+            run = lambda: self.real(model, pool, items, None, graph)  # noqa: E731
+            if self.cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run()
+            if self.cuda:
+                torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) * 1e6
+            gpu = None
+            if self.cuda:
+                try:
+                    gpu = gpu_busy_us(run)
+                except Exception as e:  # keep the wall-clock numbers
+                    self.errors.append(f"profiler: {type(e).__name__}: {e}")
+            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu})
+        self.seen += 1
+        return self.real(model, pool, items, on_forward, graph)
+
+    def summary(self) -> dict:
+        per = lambda key: [s[key] / s["forwards"] for s in self.samples if s[key] is not None]  # noqa: E731
+        wall, gpu = per("wall_us"), per("gpu_us")
+        host = [(s["wall_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["gpu_us"] is not None]
+        med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
+        return {"probe_calls": len(self.samples), "wall_us_per_step": med(wall), "gpu_us_per_step": med(gpu),
+                "host_us_per_step": med(host)}
+
+
+def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe):
     import specd
     from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner
 
@@ -65,37 +151,64 @@ def run_mode(mode, target, draft, prompts, batch, k, max_tokens):
                                 draft_graph=mode != MODES[0])
     if mode == MODES[1]:  # the runner's loop without capture
         old = llm.draft_graph
-        llm.pool.draft_graph = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
+        llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
             max_steps=old.config.max_steps, max_blocks=old.config.max_blocks, buckets=old.config.buckets,
             capture=False))
     params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    probe.reset(False)
     llm.generate(prompts[:batch], params)  # warm-up (and graph capture)
     llm.engine.timings.reset()
     t0 = time.perf_counter()
     outs = llm.generate(prompts[:batch], params)
     wall = time.perf_counter() - t0
     t = llm.engine.timings
-    return {"mode": mode, "batch": batch, "k": k, "draft_ms_per_forward": 1e3 * t.draft_forward_s / max(1, t.draft_forwards),
-            "draft_forwards": t.draft_forwards, "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
-            "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}, [o.token_ids for o in outs]
+    result = {"mode": mode, "batch": batch, "k": k, "max_tokens": max_tokens,
+              "draft_ms_per_forward": 1e3 * t.draft_forward_s / max(1, t.draft_forwards),
+              "draft_forwards": t.draft_forwards, "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
+              "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
+    probe.reset(True)  # a third run, probed (the probe re-runs draft calls: not timed above)
+    llm.generate(prompts[:batch], params)
+    probe.enabled = False
+    result.update(probe.summary())
+    return result, [o.token_ids for o in outs]
+
+
+def fmt(x, width, digits=1) -> str:
+    return f"{x:>{width}.{digits}f}" if isinstance(x, (int, float)) else f"{'-':>{width}}"
+
+
+HEADER = (f"{'mode':<26} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'wall us/step':>12} {'gpu us/step':>11} "
+          f"{'host us/step':>12} {'draft share':>11} {'tok/s':>8}  same")
+
+
+def print_row(r: dict) -> None:
+    print(f"{r['mode']:<26} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
+          f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
+          f"{fmt(r.get('host_us_per_step'), 12)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
+          f"{r['same_outputs_as_eager']}", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
-    ap.add_argument("--quick", action="store_true", help="fewer sizes and tokens")
+    ap.add_argument("--quick", action="store_true", help="fewer tokens")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="skip the cases not started (or predicted to end) within this many seconds")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
+    start = time.perf_counter()
     import specd.ops as ops
+    from specd.engine import model_runner
     from specd.engine.draft_graph import DraftGraphRunner  # noqa: F401  (import check)
 
-    sizes = [(1, 4), (8, 4)] if args.quick or args.smoke_cpu else [(1, 4), (8, 4), (32, 4), (8, 8)]
-    max_tokens = 24 if args.quick or args.smoke_cpu else 48
+    sizes = [(1, 4), (8, 4)]
+    max_tokens = 12 if args.quick or args.smoke_cpu else 24
     modes = MODES[:2] if args.smoke_cpu else MODES
-    print(f"plan: draft loop, (batch, k) in {sizes}, {max_tokens} tokens, modes {list(MODES)}; "
-          f"JSON -> {args.out}/bench_draft_loop.json")
+    path = os.path.join(args.out, "bench_draft_loop.json")
+    print(f"plan: draft loop, (batch, k) in {sizes}, {max_tokens} tokens, modes {list(modes)}, budget "
+          f"{args.budget_s:.0f} s; JSON -> {path}", flush=True)
     target_cfg, draft_cfg = configs(args.smoke_cpu)
     if args.dry_run:
         print(f"dry run: imports ok; target {target_cfg.num_hidden_layers} layers, draft "
@@ -109,30 +222,62 @@ def main(argv=None) -> int:
     else:
         dev, dtype = "cuda", torch.bfloat16
     torch.manual_seed(0)
+    t0 = time.perf_counter()
     target, draft = random_model(target_cfg, dev, dtype), random_model(draft_cfg, dev, dtype)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    print(f"models built in {build_s:.1f} s (random {target_cfg.num_hidden_layers}-layer target, "
+          f"{draft_cfg.num_hidden_layers}-layer draft, {str(dtype)[6:]}, {dev})", flush=True)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target_cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(16, 200, (max(b for b, _ in sizes),), generator=gen)]
-    rows, failures = [], []
-    for batch, k in sizes:
-        outputs = {}
-        for mode in modes:
-            try:
-                r, outputs[mode] = run_mode(mode, target, draft, prompts, batch, k, max_tokens)
-            except Exception as e:  # keep the other modes' numbers
-                failures.append(f"{mode} b={batch} k={k}: {type(e).__name__}: {e}")
-                print("FAILED", failures[-1], file=sys.stderr)
-                continue
-            r["same_outputs_as_eager"] = outputs[mode] == outputs.get(MODES[0])
-            rows.append(r)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_draft_loop.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "rows": rows,
-                   "failures": failures}, f, indent=1)
-    print(f"{'mode':<26} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'draft share':>11} {'tok/s':>8}  same")
-    for r in rows:
-        print(f"{r['mode']:<26} {r['batch']:>5} {r['k']:>3} {r['draft_ms_per_forward']:>12.3f} "
-              f"{r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  {r['same_outputs_as_eager']}")
+    probe = DraftProbe(model_runner.run_draft, dev == "cuda")
+    model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
+    rows, failures, skipped = [], [], []
+    meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
+            "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1)}
+
+    def save() -> None:
+        os.makedirs(args.out, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"meta": meta, "rows": rows, "failures": failures, "skipped": skipped,
+                       "probe_errors": probe.errors}, f, indent=1)
+
+    save()
+    print(HEADER, flush=True)
+    last_case_s = 0.0
+    try:
+        for batch, k in sizes:
+            outputs = {}
+            for mode in modes:
+                elapsed = time.perf_counter() - start
+                if elapsed >= args.budget_s or elapsed + last_case_s > args.budget_s:
+                    skipped.append(f"{mode} b={batch} k={k}")
+                    print(f"SKIPPED (budget {args.budget_s:.0f} s, {elapsed:.0f} s used): {skipped[-1]}", flush=True)
+                    save()
+                    continue
+                t_case = time.perf_counter()
+                try:
+                    r, outputs[mode] = run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe)
+                except Exception as e:  # keep the other modes' numbers
+                    failures.append(f"{mode} b={batch} k={k}: {type(e).__name__}: {e}")
+                    print("FAILED", failures[-1], file=sys.stderr, flush=True)
+                    save()
+                    continue
+                last_case_s = time.perf_counter() - t_case
+                r["case_s"] = round(last_case_s, 1)
+                r["same_outputs_as_eager"] = outputs[mode] == outputs[MODES[0]] if MODES[0] in outputs else None
+                rows.append(r)
+                print_row(r)
+                save()
+    finally:
+        model_runner.run_draft = probe.real
+    for e in probe.errors[:3]:
+        print("probe:", e, file=sys.stderr)
+    print(f"done in {time.perf_counter() - start:.0f} s; {len(rows)} rows, {len(skipped)} skipped, "
+          f"{len(failures)} failed. host us/step = wall us/step - gpu us/step (the GPU time of the same draft "
+          f"call from the profiler): the host-side overhead per draft step", flush=True)
     return 1 if failures else 0
 
 

@@ -9,10 +9,13 @@
 #                      the version pyproject pins. The Python package runs from a private copy
 #                      of python/specd with the built _core (nothing is installed).
 #   2 ctest  (~1.5 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
-#   3 pytest (~2 min)  the Python GPU tests: ops on cuda vs cpu, draft graph replay vs eager
-#                      and without host sync, slot mapping / KV kernels on cuda
-#   4 bench  (~2.5 min) bench_kernels.py (kernels vs the torch/host paths) and
-#                      bench_draft_loop.py (draft loop: eager vs graph runner vs CUDA graph)
+#   3 pytest (~1.5 min) the Python GPU tests: ops on cuda vs cpu, draft graph replay vs eager
+#                      and without host sync, slot mapping / KV kernels on cuda, and the
+#                      statistical losslessness tests on the GPU path (test_gpu_statistics.py)
+#   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
+#                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
+#                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
+#                      what is left of the run's TOTAL_S, at most 120 s, rows printed as measured)
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
 # bench_kernels.json, bench_draft_loop.json, summary.txt; a short table is printed last.
 #
@@ -28,6 +31,7 @@ OUT_DIR="${OUT:-$ROOT/bench-results/gpu}"
 BUILD="$ROOT/build/gpu"
 PKG="/tmp/specd_gpu_pkg"
 STAGES="build ctest pytest bench"
+TOTAL_S="${SPECD_GPU_TOTAL_S:-520}"  # the whole run must end within the 10-minute device call
 DRY_RUN=0
 QUICK=""
 while [ $# -gt 0 ]; do
@@ -57,8 +61,8 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping}.py -k 'gpu or cuda'"
-  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics}.py -k 'gpu or cuda'"
+  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(120, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
@@ -121,16 +125,24 @@ if [[ " $STAGES " == *" pytest "* ]]; then
   : > "$OUT_DIR/pytest.log"
   stage pytest pytest 180 "$PYTHON" -m pytest -q -p no:cacheprovider -k "gpu or cuda" \
     "$ROOT/tests/python/test_ops.py" "$ROOT/tests/python/test_draft_graph.py" \
-    "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py"
+    "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py" \
+    "$ROOT/tests/python/test_gpu_statistics.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 
 if [[ " $STAGES " == *" bench "* ]]; then
   : > "$OUT_DIR/bench.log"
   stage bench_kernels bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" $QUICK --out "$OUT_DIR"
-  stage bench_draft_loop bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" $QUICK --out "$OUT_DIR"
+  budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
+  if [ "$budget" -ge 30 ]; then
+    # the script stops starting cases at its budget; the limit leaves room for the case in flight
+    stage bench_draft_loop bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" $QUICK \
+      --budget-s "$budget" --out "$OUT_DIR"
+  else
+    note "[bench_draft_loop] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  fi
   echo
-  grep -v "^\[" "$OUT_DIR/bench.log" | tail -25
+  grep -v "^\[" "$OUT_DIR/bench.log" | tail -50
 fi
 
 echo
