@@ -8,7 +8,8 @@ namespace specd::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-using Block = detail::DeviceBlock<kThreads>;
+constexpr int kSelectCache = 2048;  // radix_select's candidate cache (32 KiB of shared memory)
+using Block = detail::DeviceBlock<kThreads, kSelectCache>;
 
 // One block per row. Arguments by value: their pointers are device pointers.
 template <class Row>

@@ -14,12 +14,15 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "specd/detail/sampling_rules.h"
 
 namespace specd::cuda::detail {
 
-template <int kThreads>
+// kCache > 0: a candidate cache of that many (key, mass) entries in shared memory, for
+// radix_select (16 bytes each; the sampling kernels' static shared memory stays < 48 KiB).
+template <int kThreads, int kCache = 0>
 class DeviceBlock {
   static_assert(kThreads % 32 == 0 && kThreads >= 32 && kThreads <= 1024, "whole warps, at most 1024 threads");
   static constexpr int kWarps = kThreads / 32;
@@ -35,6 +38,9 @@ class DeviceBlock {
     } partial;
     unsigned int hist_count[256];
     unsigned long long hist_mass[256];
+    unsigned int cache_size;
+    unsigned long long cache_key[kCache > 0 ? kCache : 1];
+    unsigned long long cache_mass[kCache > 0 ? kCache : 1];
   };
 
   __device__ explicit DeviceBlock(Shared* shared) : s_(shared) {}
@@ -105,6 +111,27 @@ class DeviceBlock {
   __device__ void hist_done() { __syncthreads(); }
   __device__ uint32_t hist_count(int32_t bin) const { return s_->hist_count[bin]; }
   __device__ uint64_t hist_mass(int32_t bin) const { return s_->hist_mass[bin]; }
+
+  // The candidate cache (serial_block.h); declared only with kCache > 0, so that
+  // radix_select sees none otherwise. Pushes take slots with a shared atomic: the order of
+  // the entries varies, which radix_select's integer histograms do not see.
+  template <int kC = kCache, class = std::enable_if_t<(kC > 0)>>
+  __device__ uint32_t cache_capacity() const {
+    return static_cast<uint32_t>(kCache);
+  }
+  __device__ void cache_clear() {
+    __syncthreads();  // readers of the previous cache are done
+    if (threadIdx.x == 0) s_->cache_size = 0u;
+    __syncthreads();
+  }
+  __device__ void cache_push(uint64_t key, uint64_t mass) {
+    const unsigned s = atomicAdd(&s_->cache_size, 1u);
+    s_->cache_key[s] = key;
+    s_->cache_mass[s] = mass;
+  }
+  __device__ uint32_t cache_size() const { return s_->cache_size; }
+  __device__ uint64_t cache_key(uint32_t s) const { return s_->cache_key[s]; }
+  __device__ uint64_t cache_mass(uint32_t s) const { return s_->cache_mass[s]; }
 
  private:
   // Sum over the lanes of `peers` (every one of them calls with the same mask) of a 64-bit

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "specd/host_device.h"
 
@@ -117,11 +119,25 @@ SPECD_HOST_DEVICE int32_t nth_flagged_id(Block& b, int32_t n, const Flag& flag, 
   return b.min(found);
 }
 
+// Whether a Block has a candidate cache (optional part of the concept, serial_block.h):
+// cache_capacity(), cache_clear(), cache_push(key, mass) from any thread, then after a
+// hist_done() cache_size() and cache_key(s) / cache_mass(s) for s < cache_size().
+template <class Block, class = void>
+struct HasSelectCache : std::false_type {};
+template <class Block>
+struct HasSelectCache<Block, decltype(void(std::declval<Block&>().cache_capacity()))> : std::true_type {};
+
 // Radix selection over the elements i in [0, n) with item(i, load(i)).in_set, ranked by (key
 // desc, id asc): the first element at which the running stats meet `crit`. Eight passes of 8
 // bits (most significant first) fix the cut's key; one more pass in id order breaks ties.
 // `load` is a pure read (for_each_strided batches it); the histograms add integers, so the
 // result does not depend on the order of the adds.
+//
+// With a candidate cache: once the candidates left (the chosen bin's count) fit in it, the
+// next pass over the row also stores their (key, mass), and the later levels histogram the
+// cache instead of the row. The cache holds exactly the elements that pass would histogram,
+// with the same keys and masses, and every later level keeps a subset of them by the same
+// prefix test, so the histograms (integer sums) and the cut are the same as without it.
 template <class Block, class Load, class ItemFn>
 SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, const ItemFn& item,
                                          SelectCriterion crit) {
@@ -129,15 +145,31 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, 
   SelectStats above{0, 0};  // stats of the elements ranked above every candidate left
   uint64_t prefix = 0;      // key bits fixed so far
   int32_t chosen = -1;
+  bool caching = false;  // this level's pass over the row fills the cache
+  bool cached = false;   // the candidates are in the cache
   for (int32_t level = 0; level < 8; ++level) {
     const int32_t shift = 56 - 8 * level;
+    const auto candidate = [&](uint64_t key) { return level == 0 || (key >> (shift + 8)) == (prefix >> (shift + 8)); };
     b.hist_clear();
-    for_each_strided(b, n, load, [&](int32_t i, const auto& value) {
-      const SelectItem it = item(i, value);
-      if (!it.in_set) return;
-      if (level > 0 && (it.key >> (shift + 8)) != (prefix >> (shift + 8))) return;
-      b.hist_add(static_cast<int32_t>((it.key >> shift) & 0xFFu), it.mass);
-    });
+    if constexpr (HasSelectCache<Block>::value) {
+      if (cached) {
+        const uint32_t size = b.cache_size();
+        for (uint32_t s = static_cast<uint32_t>(b.rank()); s < size; s += static_cast<uint32_t>(b.size())) {
+          const uint64_t key = b.cache_key(s);
+          if (candidate(key)) b.hist_add(static_cast<int32_t>((key >> shift) & 0xFFu), b.cache_mass(s));
+        }
+      }
+    }
+    if (!cached) {
+      for_each_strided(b, n, load, [&](int32_t i, const auto& value) {
+        const SelectItem it = item(i, value);
+        if (!it.in_set || !candidate(it.key)) return;
+        b.hist_add(static_cast<int32_t>((it.key >> shift) & 0xFFu), it.mass);
+        if constexpr (HasSelectCache<Block>::value) {
+          if (caching) b.cache_push(it.key, it.mass);
+        }
+      });
+    }
     b.hist_done();
     if (level == 0)
       for (int32_t bin = 0; bin < 256; ++bin) cut.set_count += b.hist_count(bin);
@@ -152,6 +184,11 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, 
     }
     if (chosen < 0) return cut;  // uniform: every thread read the same histogram
     prefix |= static_cast<uint64_t>(chosen) << shift;
+    if constexpr (HasSelectCache<Block>::value) {
+      cached = cached || caching;
+      caching = !cached && level < 7 && b.hist_count(chosen) <= b.cache_capacity();
+      if (caching) b.cache_clear();
+    }
   }
   // Every element left has key == prefix; they share one mass. Keep the first `needed` of
   // them in id order.

@@ -12,6 +12,10 @@
 // - A 256-bin histogram of (count, fixed-point mass): hist_clear(), hist_add(bin, mass)
 //   from any thread, hist_done(), then hist_count(b) / hist_mass(b) read by every thread
 //   until the next hist_clear().
+// - Optionally, a candidate cache for radix_select (block_algorithms.h, HasSelectCache):
+//   cache_capacity(), cache_clear(), cache_push(key, mass) from any thread, then after
+//   hist_done() cache_size(), cache_key(s), cache_mass(s). A Block without it (the tests'
+//   ThreadedBlock) always selects over the row.
 // With one thread, a strided or chunked loop visits the row in id order and every
 // reduction is that thread's sequential sum: the arithmetic of the CPU references.
 #pragma once
@@ -54,9 +58,25 @@ class SerialBlock {
   SPECD_HOST_DEVICE uint32_t hist_count(int32_t bin) const { return count_[bin]; }
   SPECD_HOST_DEVICE uint64_t hist_mass(int32_t bin) const { return mass_[bin]; }
 
+  // A small cache, so that the CPU tests run radix_select's cached levels too.
+  static constexpr uint32_t kCacheCapacity = 256;
+  SPECD_HOST_DEVICE uint32_t cache_capacity() const { return kCacheCapacity; }
+  SPECD_HOST_DEVICE void cache_clear() { cache_size_ = 0; }
+  SPECD_HOST_DEVICE void cache_push(uint64_t key, uint64_t mass) {
+    cache_key_[cache_size_] = key;
+    cache_mass_[cache_size_] = mass;
+    ++cache_size_;
+  }
+  SPECD_HOST_DEVICE uint32_t cache_size() const { return cache_size_; }
+  SPECD_HOST_DEVICE uint64_t cache_key(uint32_t s) const { return cache_key_[s]; }
+  SPECD_HOST_DEVICE uint64_t cache_mass(uint32_t s) const { return cache_mass_[s]; }
+
  private:
   uint32_t count_[256];  // written by hist_clear() before any read
   uint64_t mass_[256];
+  uint32_t cache_size_ = 0;
+  uint64_t cache_key_[kCacheCapacity];  // written by cache_push() before any read
+  uint64_t cache_mass_[kCacheCapacity];
 };
 
 }  // namespace specd::detail
