@@ -151,6 +151,7 @@ def measure_cuda(fn: Callable[[], object], reps: int, capture: bool = True) -> d
             torch.cuda.synchronize()
             dev_ms, timing = events_ms(graph.replay, reps) / calls, f"graph x{calls}"
         except Exception as e:  # the op synchronises with the host (or is otherwise not capturable)
+            torch.cuda.set_stream(current)  # a failed capture_end can leave the capture stream current
             torch.cuda.synchronize()
             timing = f"eager x{calls} (no capture: {type(e).__name__})"
         finally:
