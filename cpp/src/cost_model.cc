@@ -48,6 +48,34 @@ Status CostModel::observe(int64_t tokens, double seconds) {
   return Status::Ok();
 }
 
+int64_t CostModel::explored_limit(int64_t tokens) const {
+  const int64_t from = std::clamp<int64_t>(tokens, 1, config_.max_tokens);
+  const std::size_t start = std::min(bucket_of(from), buckets_.size() - 1);
+  const auto measured = [&](std::size_t b) { return b == start || buckets_[b].weight > 0; };
+  const auto count_of = [&](std::size_t b) { return buckets_[b].weight > 0 ? buckets_[b].tokens : static_cast<double>(from); };
+  std::size_t below = start;     // the nearest measured bucket under b
+  bool previous_measured = true;  // the bucket just under b (empty-range buckets skipped)
+  std::size_t b = start + 1;
+  for (; b < buckets_.size(); ++b) {
+    if (edge(b + 1) <= edge(b)) continue;  // a bucket no count falls into
+    const bool here = measured(b);
+    if (here || previous_measured) {
+      if (here) below = b;
+      previous_measured = here;
+      continue;
+    }
+    std::size_t above = b + 1;  // bracketed by measurements at most a factor 2 apart
+    while (above < buckets_.size() && buckets_[above].weight <= 0) ++above;
+    if (above < buckets_.size() && buckets_[above].tokens <= 2.0 * count_of(below)) {
+      previous_measured = false;
+      continue;
+    }
+    break;
+  }
+  // b: the first bucket not reachable; the limit is the last count below it.
+  return b < buckets_.size() ? std::max(from, edge(b) - 1) : config_.max_tokens;
+}
+
 double CostModel::slope() const {
   const double var = sxx_ * sw_ - sx_ * sx_;
   if (sw_ <= 0 || var <= 1e-12 * std::max(1.0, sxx_ * sw_)) return 0.0;

@@ -61,8 +61,9 @@ Status GoodputController::validate_config() const {
   return Status::Ok();
 }
 
-StepCostModel GoodputController::costs(double reference) const {
-  return StepCostModel{&target_, uses_draft() ? &draft_ : nullptr, overhead_, reference};
+StepCostModel GoodputController::costs(double reference, int64_t base_tokens) const {
+  const int64_t limit = base_tokens > 0 ? target_.explored_limit(base_tokens) : 0;
+  return StepCostModel{&target_, uses_draft() ? &draft_ : nullptr, overhead_, reference, limit};
 }
 
 std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap) const {
@@ -100,7 +101,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   StepProblem typical_step;
   for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, in_sync, all_allowed);
   Allocation steady;
-  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_step.finish(), costs(0.0), &steady));
+  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_step.finish(), costs(0.0, static_cast<int64_t>(n)), &steady));
   const bool typical = std::all_of(batch.begin(), batch.end(), [](const ControllerRequest& r) {
     return r.base_tokens == 1 && r.draft_catch_up <= 1;
   });
@@ -125,7 +126,9 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
       }
       step.add(r.base_tokens, all[i], config_.proposer_uses_draft, base, allowed);
     }
-    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(steady.goodput), &plan));
+    int64_t base_total = 0;
+    for (const ControllerRequest& r : batch) base_total += r.base_tokens;
+    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(steady.goodput, base_total), &plan));
   }
   for (std::size_t i = 0; i < n; ++i) {
     ControllerDecision& d = (*decisions_out)[i];
@@ -169,7 +172,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);
     for (std::size_t i = n; i < static_cast<std::size_t>(forecast); ++i)
       future.add(1, prior, config_.proposer_uses_draft, in_sync, allowed);
-    if (optimize_goodput(future.finish(), costs(0.0), &forecast_plan).ok()) plan = &forecast_plan;
+    if (optimize_goodput(future.finish(), costs(0.0, 0), &forecast_plan).ok()) plan = &forecast_plan;
   }
   const int32_t d = draft_proposer_;
   const double goodput = plan->goodput;

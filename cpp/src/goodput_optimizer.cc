@@ -25,6 +25,9 @@ Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
   if (!(cost.reference_goodput >= 0.0) || !std::isfinite(cost.reference_goodput))
     return error_status(StatusCode::kInvalidArgument, "optimize_goodput: reference_goodput must be finite and >= 0, got ",
                         cost.reference_goodput);
+  if (cost.max_target_tokens < 0)
+    return error_status(StatusCode::kInvalidArgument, "optimize_goodput: max_target_tokens must be >= 0, got ",
+                        cost.max_target_tokens);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const SpecRequest& r = requests[i];
     if (r.base_tokens < 1)
@@ -77,6 +80,7 @@ class StepState {
     const auto k = static_cast<std::size_t>(k_[i]);
     if (opt == nullptr || k >= opt->gains.size()) return false;
     if (opt->uses_draft_model && static_cast<int32_t>(k) + 1 > prepaid_) return false;
+    if (cost_.max_target_tokens > 0 && target_tokens_ + 1 > cost_.max_target_tokens) return false;
     *gain = opt->gains[k];
     double d = cost_.target->predict(target_tokens_ + 1) - cost_.target->predict(target_tokens_);
     if (opt->uses_draft_model) {

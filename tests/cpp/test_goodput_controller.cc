@@ -114,6 +114,28 @@ TEST(GoodputController, ComputeBoundVerificationTurnsSpeculationOff) {
   EXPECT_EQ(std::vector<int32_t>(ks.end() - 4, ks.end()), std::vector<int32_t>(4, 0));
 }
 
+// A CPU-like target: plain decoding (1 token) and a prompt (104 tokens) were measured, and
+// their line says 2 tokens cost 1.05x one, but really they cost 2x. The controller bets only
+// a bucket beyond what it measured: k = 1 first (not the k >= 3 the line would buy), then,
+// with T(2) measured, no speculation.
+TEST(GoodputController, ExploresTheCostCurveOneBucketAtATime) {
+  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 104, 2.44));
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 1, 0.37));
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 1, 0.136));
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 2, 0.228));
+  // A useful draft: 7 of 10 proposals fully accepted, 3 rejected at once (alpha_1 ~ 0.7).
+  for (int i = 0; i < 100; ++i) SPECD_ASSERT_OK(c.observe(100 + i, 0, 4, i % 10 < 7 ? 4 : 0));
+  const std::vector<ControllerRequest> one = decode_batch(1, 8);
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(one, &d));
+  EXPECT_EQ(d[0].k, 1);  // the line would buy more; only 2 tokens are within reach
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 2, 0.73));
+  SPECD_ASSERT_OK(c.observe(one[0].id, 0, 1, 1));
+  SPECD_ASSERT_OK(c.decide(one, &d));
+  EXPECT_EQ(d[0].k, 0) << "a second verified token costs a whole step: no k pays";
+}
+
 TEST(GoodputController, CatchUpIsRefusedUnderAForecastSaturation) {
   // A request that the draft has not seen (300 prompt tokens) arrives next to one in sync.
   // With no arrival rate known yet the forecast is today's batch of 2, where the catch-up

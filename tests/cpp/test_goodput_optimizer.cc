@@ -27,12 +27,19 @@ std::vector<double> chain_gains(const std::vector<double>& alphas) {
 }
 
 double brute_force(Span<const SpecRequest> reqs, const StepCostModel& cost, std::vector<int32_t>* best_k) {
+  // Allocations over cost.max_target_tokens (when > 0) are not candidates, except all-zero.
   const std::size_t n = reqs.size();
   std::vector<int32_t> k(n, 0), opt(n, 0), best_opt;
   double best = 0;
   best_k->clear();
   std::function<void(std::size_t)> rec = [&](std::size_t i) {
     if (i == n) {
+      int64_t verified = 0, drafted = 0;
+      for (std::size_t j = 0; j < n; ++j) {
+        verified += reqs[j].base_tokens + k[j];
+        drafted += k[j];
+      }
+      if (cost.max_target_tokens > 0 && drafted > 0 && verified > cost.max_target_tokens) return;
       double t = 0, s = 0;
       EXPECT_TRUE(evaluate_allocation(reqs, cost, k, opt, &t, &s).ok());
       const double value = cost.reference_goodput > 0 ? t - cost.reference_goodput * s : t / s;
@@ -118,6 +125,55 @@ TEST(GoodputOptimizer, ReferenceGoodputObjectiveMatchesBruteForce) {
   }
   EXPECT_GT(speculated, 40);
   EXPECT_GT(plain, 20);
+}
+
+// The controller's exploration limit on verified tokens: never exceeded, and the greedy
+// allocation under it stays close to the best allocation under it (exact without it).
+TEST(GoodputOptimizer, HonoursTheTargetTokenLimit) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0, 1);
+  const CostModel target = linear(0.02, 0.0002), draft = linear(0.004, 0.0001);
+  double worst = 1.0;
+  int binding = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t n = 1 + rng() % 3;
+    std::vector<std::vector<double>> gains(n);
+    std::vector<SpecOption> options(n);
+    std::vector<SpecRequest> reqs(n);
+    int64_t base = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> alphas(1 + rng() % 5);
+      for (double& a : alphas) a = 0.3 + 0.7 * u(rng);
+      gains[i] = chain_gains(alphas);
+      options[i] = SpecOption{gains[i], (rng() % 2) == 0, 1};
+      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % 3), Span<const SpecOption>(&options[i], 1)};
+      base += reqs[i].base_tokens;
+    }
+    const int64_t limit = std::max<int64_t>(1, base - 1 + static_cast<int64_t>(rng() % 6));  // sometimes <= the bases
+    const StepCostModel cost{&target, &draft, 0.0005, 0.0, limit};
+    Allocation a;
+    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    int64_t verified = 0, drafted = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      verified += reqs[i].base_tokens + a.k[i];
+      drafted += a.k[i];
+    }
+    if (drafted > 0) EXPECT_LE(verified, limit) << "trial " << trial;
+    if (base >= limit) EXPECT_EQ(drafted, 0) << "trial " << trial;
+    std::vector<int32_t> best_k;
+    const double best = brute_force(reqs, cost, &best_k);
+    const StepCostModel free_cost{&target, &draft, 0.0005};
+    std::vector<int32_t> free_k;
+    binding += brute_force(reqs, free_cost, &free_k) > best * (1 + 1e-9) ? 1 : 0;
+    worst = std::min(worst, a.goodput / best);
+    EXPECT_GE(a.goodput, a.plain_goodput * (1 - 1e-12));
+  }
+  EXPECT_GT(binding, 50);      // the limit mattered in many cases
+  EXPECT_GE(worst, 0.97);      // greedy under a binding limit: near the constrained optimum
+  const StepCostModel bad{&target, &draft, 0.0, 0.0, -1};
+  std::vector<SpecRequest> none;
+  Allocation a;
+  SPECD_EXPECT_CODE(optimize_goodput(none, bad, &a), kInvalidArgument);
 }
 
 TEST(GoodputOptimizer, ReferenceGoodputStopsOverDraftingInPrefillSteps) {

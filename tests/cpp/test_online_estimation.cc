@@ -57,6 +57,31 @@ TEST(CostModel, ExtrapolationAndValidation) {
   SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);
 }
 
+// The exploration limit: a bucket beyond what was measured, or between measurements at most
+// a factor 2 apart; never an interpolation across a wide gap (the CPU trap: T(1) and a
+// prefill's T(104) measured, T(2) really twice T(1)).
+TEST(CostModel, ExploredLimitReachesOneBucketBeyondMeasurements) {
+  CostModel m;
+  EXPECT_EQ(m.explored_limit(1), 2);  // nothing measured: the step's own bucket and the next
+  SPECD_ASSERT_OK(m.observe(1, 0.37));
+  SPECD_ASSERT_OK(m.observe(104, 2.44));
+  EXPECT_EQ(m.explored_limit(1), 2);  // not 3..104: the interpolation is a guess
+  SPECD_ASSERT_OK(m.observe(2, 0.73));
+  EXPECT_EQ(m.explored_limit(1), 3);
+  EXPECT_EQ(m.explored_limit(2), 3);
+  for (int64_t n = 3; n <= 7; ++n) SPECD_ASSERT_OK(m.observe(n, 0.8));
+  EXPECT_EQ(m.explored_limit(1), 9);   // 8 and 9 share a bucket: one past 7
+  EXPECT_EQ(m.explored_limit(200), 255);  // from an unmeasured size: its bucket [192, 224) and the next
+  EXPECT_GE(m.explored_limit(5000), 5000);
+  // Measurements at most a factor 2 apart bracket the sizes between them.
+  CostModel sparse;
+  for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(sparse.observe(n, 0.01));
+  EXPECT_EQ(sparse.explored_limit(1), 47);  // 32's bucket [32, 40) and the next
+  CostModel wide;
+  for (int64_t n : {1, 2, 16}) SPECD_ASSERT_OK(wide.observe(n, 0.01));
+  EXPECT_EQ(wide.explored_limit(1), 3);  // 2 and 16 are 8x apart
+}
+
 // Chains of depth k where each draft is accepted with probability alpha (given its parent).
 int32_t accepted_of(std::mt19937& rng, double alpha, int32_t k) {
   std::bernoulli_distribution accept(alpha);

@@ -16,6 +16,14 @@
 //   step costs as much as they did on a compute-bound machine (CPU), nor that it is far
 //   cheaper on a memory-bound one (GPU, flat below a knee).
 // - Before the first sample, predict() returns 0 and has_data() is false.
+// - Exploration (explored_limit): interpolation is a guess wherever no sample fell, and on
+//   some machines a wrong one (a CPU forward of 2 tokens can cost twice one of 1, although
+//   one of 1 and one of 100 put a line far below that). A controller should therefore bet
+//   only one bucket beyond what it has measured: explored_limit(n) is the largest count it
+//   may plan for a step that processes at least n tokens. Buckets above n's are reachable
+//   while each has data or the bucket below it has data (n's own bucket counts as measured:
+//   the step about to run measures it); the limit is the last count of the last reachable
+//   bucket. Larger steps become reachable as they are measured, one bucket at a time.
 // Nothing needs tuning by a user; the decay is a fixed default.
 #pragma once
 
@@ -38,6 +46,9 @@ class CostModel {
 
   Status observe(int64_t tokens, double seconds);
   double predict(int64_t tokens) const;
+  // The largest token count to plan for from a step of `tokens` tokens (rules above); at
+  // least `tokens`.
+  int64_t explored_limit(int64_t tokens) const;
   bool has_data() const { return samples_ > 0; }
   int64_t samples() const { return samples_; }
   // The least-squares line: seconds ~ intercept + slope * tokens.

@@ -22,6 +22,11 @@
 // 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
+// Exploration of costs: steps 3 and 5 plan the target's forward only up to
+//    CostModel::explored_limit of their base tokens, one bucket beyond measured sizes, so
+//    the cost curve is learned a bucket at a time instead of trusting an interpolation
+//    (on a CPU, T(2) can be twice T(1) while T(1) and a prefill's T(100) suggest 1.05x).
+//    The forecast of 4 plans without the limit: it describes later steps.
 // 6. Proposers a request could use but does not use this step fade in its acceptance
 //    estimate (AcceptanceEstimator::idle), so a request switched off is retried later.
 // Before the target has cost data every k is 0 (plain decoding is the first measurement).
@@ -93,7 +98,8 @@ class GoodputController {
  private:
   Status validate_config() const;
   bool uses_draft() const { return draft_proposer_ >= 0; }
-  StepCostModel costs(double reference) const;
+  // base_tokens > 0: the step's drafts stay within the target's explored_limit from there.
+  StepCostModel costs(double reference, int64_t base_tokens) const;
   std::vector<std::vector<double>> gains(RequestId id, int32_t cap) const;
   std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
                                       const std::vector<std::vector<std::vector<double>>>& gains,

@@ -68,6 +68,10 @@ struct StepCostModel {
   const CostModel* draft = nullptr;   // required when an option uses the draft model
   double fixed_seconds = 0.0;         // per-step overhead outside the forwards
   double reference_goodput = 0.0;     // tokens/s; > 0 selects the objective E - G T (above)
+  // > 0: drafts are allocated only while the target verifies at most this many tokens in
+  // all (the controller's exploration limit, CostModel::explored_limit); 0: no limit. Base
+  // tokens are never cut: a step whose bases exceed it gets no drafts.
+  int64_t max_target_tokens = 0;
 };
 
 struct Allocation {
