@@ -23,6 +23,11 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
   host us/step   wall - gpu: the host-side overhead per draft step (Python, launches, host
                  synchronisations) that the GPU waits for. Medians over up to 6 draft calls per
                  run (the first call of a run, which catches the draft up on the prompts, skipped).
+  loop host us/step  graph modes only: host time of the graph runner's call (inputs copied,
+                 loop launched or replayed; no synchronisation) / its draft forwards (k - 1):
+                 the host-side overhead per draft step of the part of the loop that runs on
+                 the device buffers (forward 0, the variable-length catch-up, stays eager and
+                 is in wall us/step)
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
                  whether the outputs equal the plain loop's (greedy speculation is lossless).
 Re-running a draft call is harmless: it writes the same KV rows with the same values and
@@ -141,7 +146,35 @@ class DraftProbe:
                 "host_us_per_step": med(host)}
 
 
-def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe):
+class RunnerProbe:
+    """Wraps DraftGraphRunner.run while enabled: host seconds of each call (no sync) and its
+    draft forwards (k - 1)."""
+
+    def __init__(self, real):
+        self.real, self.enabled, self.samples = real, False, []
+
+    def reset(self, enabled: bool) -> None:
+        self.enabled, self.samples = enabled, []
+
+    def install(self, cls) -> None:
+        probe = self
+
+        def run(runner, items, first_tokens, on_forward=None):
+            t0 = time.perf_counter()
+            out = probe.real(runner, items, first_tokens, on_forward)
+            if probe.enabled:
+                probe.samples.append(((time.perf_counter() - t0) * 1e6, max(it.k for it in items) - 1))
+            return out
+
+        cls.run = run
+
+    def summary(self) -> dict:
+        per = [us / n for us, n in self.samples if n > 0]
+        return {"loop_host_us_per_step": round(statistics.median(per), 1) if per else None,
+                "loop_calls": len(per)}
+
+
+def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe, loop_probe: RunnerProbe):
     import specd
     from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner
 
@@ -167,9 +200,11 @@ def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftPro
               "draft_forwards": t.draft_forwards, "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
               "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
     probe.reset(True)  # a third run, probed (the probe re-runs draft calls: not timed above)
+    loop_probe.reset(mode != MODES[0])
     llm.generate(prompts[:batch], params)
-    probe.enabled = False
+    probe.enabled = loop_probe.enabled = False
     result.update(probe.summary())
+    result.update(loop_probe.summary())
     return result, [o.token_ids for o in outs]
 
 
@@ -178,13 +213,13 @@ def fmt(x, width, digits=1) -> str:
 
 
 HEADER = (f"{'mode':<26} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'wall us/step':>12} {'gpu us/step':>11} "
-          f"{'host us/step':>12} {'draft share':>11} {'tok/s':>8}  same")
+          f"{'host us/step':>12} {'loop host us/step':>17} {'draft share':>11} {'tok/s':>8}  same")
 
 
 def print_row(r: dict) -> None:
     print(f"{r['mode']:<26} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
-          f"{fmt(r.get('host_us_per_step'), 12)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
+          f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('loop_host_us_per_step'), 17)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
           f"{r['same_outputs_as_eager']}", flush=True)
 
 
@@ -201,7 +236,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     import specd.ops as ops
     from specd.engine import model_runner
-    from specd.engine.draft_graph import DraftGraphRunner  # noqa: F401  (import check)
+    from specd.engine.draft_graph import DraftGraphRunner
 
     sizes = [(1, 4), (8, 4)]
     max_tokens = 12 if args.quick or args.smoke_cpu else 24
@@ -234,6 +269,8 @@ def main(argv=None) -> int:
                for n in torch.randint(16, 200, (max(b for b, _ in sizes),), generator=gen)]
     probe = DraftProbe(model_runner.run_draft, dev == "cuda")
     model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
+    loop_probe = RunnerProbe(DraftGraphRunner.run)
+    loop_probe.install(DraftGraphRunner)  # this script only
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1)}
@@ -250,7 +287,8 @@ def main(argv=None) -> int:
     try:
         for batch, k in sizes:
             outputs = {}
-            for mode in modes:
+            # batch > 1: the eager loop (the reference) and the CUDA graph only, to fit the budget
+            for mode in (modes if batch == 1 else [m for m in modes if m != MODES[1]]):
                 elapsed = time.perf_counter() - start
                 if elapsed >= args.budget_s or elapsed + last_case_s > args.budget_s:
                     skipped.append(f"{mode} b={batch} k={k}")
@@ -259,7 +297,8 @@ def main(argv=None) -> int:
                     continue
                 t_case = time.perf_counter()
                 try:
-                    r, outputs[mode] = run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe)
+                    r, outputs[mode] = run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe,
+                                               loop_probe)
                 except Exception as e:  # keep the other modes' numbers
                     failures.append(f"{mode} b={batch} k={k}: {type(e).__name__}: {e}")
                     print("FAILED", failures[-1], file=sys.stderr, flush=True)
@@ -273,6 +312,7 @@ def main(argv=None) -> int:
                 save()
     finally:
         model_runner.run_draft = probe.real
+        DraftGraphRunner.run = loop_probe.real
     for e in probe.errors[:3]:
         print("probe:", e, file=sys.stderr)
     print(f"done in {time.perf_counter() - start:.0f} s; {len(rows)} rows, {len(skipped)} skipped, "

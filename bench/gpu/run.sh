@@ -15,7 +15,7 @@
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
-#                      what is left of the run's TOTAL_S, at most 120 s, rows printed as measured)
+#                      what is left of the run's TOTAL_S, at most 180 s, rows printed as measured)
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
 # bench_kernels.json, bench_draft_loop.json, summary.txt; a short table is printed last.
 #
@@ -62,7 +62,7 @@ if [ "$DRY_RUN" = 1 ]; then
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
   echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics}.py -k 'gpu or cuda'"
-  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(120, ${TOTAL_S} s - elapsed - 30)>"
+  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
@@ -133,7 +133,7 @@ fi
 if [[ " $STAGES " == *" bench "* ]]; then
   : > "$OUT_DIR/bench.log"
   stage bench_kernels bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" $QUICK --out "$OUT_DIR"
-  budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
+  budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 180 ] && budget=180
   if [ "$budget" -ge 30 ]; then
     # the script stops starting cases at its budget; the limit leaves room for the case in flight
     stage bench_draft_loop bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" $QUICK \
