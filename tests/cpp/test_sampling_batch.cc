@@ -107,6 +107,52 @@ TEST(SamplingBatchHelpers, DrawIsTheInverseCdf) {
   EXPECT_EQ(detail::draw_inverse_cdf(block, 3, [](int32_t) { return 0.0; }, 0.5), -1);
 }
 
+// The tiled walks (draw_inverse_cdf, nth_flagged_id) over many tiles with 1 to 8 threads:
+// weights are multiples of 2^-10 with small sums, so every summation order is exact and the
+// results must be those of the sequential rules (first crossing, else last positive; nth id).
+TEST(SamplingBatchHelpers, TiledWalksMatchTheSequentialRules) {
+  std::mt19937_64 g(41);
+  for (int trial = 0; trial < 120; ++trial) {
+    const int32_t n = 1 + static_cast<int32_t>(g() % 900);
+    std::vector<double> w(static_cast<std::size_t>(n));
+    for (double& x : w) x = g() % 3 == 0 ? 0.0 : static_cast<double>(g() % 64) / 1024;
+    double total = 0;
+    for (double x : w) total += x;
+    const double target = trial % 7 == 0 ? total + 1 : total * static_cast<double>(g() % 1000) / 1000;
+    int32_t want_draw = -1;
+    double run = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (!(w[static_cast<std::size_t>(i)] > 0)) continue;
+      run += w[static_cast<std::size_t>(i)];
+      want_draw = i;
+      if (target < run) break;
+    }
+    const uint64_t nth = 1 + g() % (static_cast<uint64_t>(n) + 2);
+    int32_t want_nth = INT32_MAX;
+    uint64_t seen = 0;
+    for (int32_t i = 0; i < n && want_nth == INT32_MAX; ++i)
+      if (w[static_cast<std::size_t>(i)] > 0 && ++seen == nth) want_nth = i;
+    const auto weight = [&](int32_t i) { return w[static_cast<std::size_t>(i)]; };
+    const auto flag = [&](int32_t i) { return w[static_cast<std::size_t>(i)] > 0; };
+    detail::SerialBlock serial;
+    EXPECT_EQ(detail::draw_inverse_cdf(serial, n, weight, target), want_draw) << "trial " << trial;
+    EXPECT_EQ(detail::nth_flagged_id(serial, n, flag, nth), want_nth) << "trial " << trial;
+    for (int32_t threads : {2, 3, 8}) {
+      int32_t got_draw = -9, got_nth = -9;
+      run_threaded(threads, [&](ThreadedBlock& b) {
+        const int32_t d = detail::draw_inverse_cdf(b, n, weight, target);
+        const int32_t k = detail::nth_flagged_id(b, n, flag, nth);
+        if (b.rank() == 0) {
+          got_draw = d;
+          got_nth = k;
+        }
+      });
+      EXPECT_EQ(got_draw, want_draw) << "trial " << trial << ", " << threads << " threads";
+      EXPECT_EQ(got_nth, want_nth) << "trial " << trial << ", " << threads << " threads";
+    }
+  }
+}
+
 void expect_batch_matches_reference(const SamplingCase& c, const char* what) {
   const SamplingExpected want = expected_sampling(c);
   std::vector<float> probs(want.probs.size(), -1.0f);
@@ -214,7 +260,7 @@ TEST(SamplingBatchCpu, HalfAndBFloat16RowsMatchTheirFloatValues) {
   }
 }
 
-// The row algorithm with several threads per row (chunked and strided loops, cross-thread
+// The row algorithm with several threads per row (tiled and strided loops, cross-thread
 // scans, concurrent histograms) gives the one-thread results: the same tokens and statuses,
 // probabilities within one float ulp (the sums run in another order).
 TEST(SamplingBatchThreaded, SeveralThreadsPerRowMatchOneThread) {

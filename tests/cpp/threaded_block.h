@@ -1,6 +1,6 @@
 // ThreadedBlock: the Block concept (cpp/include/specd/detail/serial_block.h) for n CPU
 // threads that meet at barriers, to run the kernels' row algorithms with several "threads"
-// on a machine without a GPU. It checks what SerialBlock cannot: strided and chunked loops
+// on a machine without a GPU. It checks what SerialBlock cannot: strided and tiled loops
 // over more than one thread, scans and reductions across threads (in an order other than id
 // order, as on the GPU), histograms filled concurrently, rank-0 writes followed by syncs,
 // and uniform control flow (a collective reached by only some threads deadlocks the test,

@@ -6,6 +6,7 @@
 // arguments (uniform control flow) and gets the same result.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -87,36 +88,43 @@ SPECD_HOST_DEVICE void for_each_strided(const Block& b, int32_t n, const Load& l
   for (; i < n; i += step) fn(static_cast<int32_t>(i), load(static_cast<int32_t>(i)));
 }
 
-// Chunked iteration: thread rank's contiguous share [lo, hi) of [0, n).
-struct Chunk {
-  int32_t lo, hi;
-};
-template <class Block>
-SPECD_HOST_DEVICE Chunk chunk_of(const Block& b, int32_t n) {
-  const int64_t per = (int64_t{n} + b.size() - 1) / b.size();
-  const int64_t lo = per * b.rank() < n ? per * b.rank() : n;
-  const int64_t hi = lo + per < n ? lo + per : n;
-  return Chunk{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
-}
+// Tiled iteration in id order: the block walks [0, n) in tiles of size() * kTileRun
+// consecutive ids; in each tile, thread rank takes the kTileRun consecutive ids starting at
+// tile base + rank * kTileRun (so neighbouring threads read neighbouring ids: coalesced
+// loads), and a block scan of the per-thread partials orders the threads. A walk that finds
+// what it looks for stops after that tile. With one thread (SerialBlock) a tile is
+// kTileRun consecutive ids and every running value is the sequential one.
+inline constexpr int32_t kTileRun = 8;
 
 // The nth (1-based) id in [0, n) with flag(id) true; INT32_MAX when there are fewer.
+// Integer counts only, so the result does not depend on the tiling.
 template <class Block, class Flag>
 SPECD_HOST_DEVICE int32_t nth_flagged_id(Block& b, int32_t n, const Flag& flag, uint64_t nth) {
-  const Chunk c = chunk_of(b, n);
-  int32_t local = 0;
-  for (int32_t i = c.lo; i < c.hi; ++i) local += flag(i) ? 1 : 0;
-  const int32_t before = b.exclusive_sum(local);
-  int32_t found = INT32_MAX;
-  if (static_cast<uint64_t>(before) < nth && nth <= static_cast<uint64_t>(before) + static_cast<uint64_t>(local)) {
-    uint64_t seen = static_cast<uint64_t>(before);
-    for (int32_t i = c.lo; i < c.hi; ++i) {
-      if (flag(i) && ++seen == nth) {
-        found = i;
-        break;
+  const int64_t tile = int64_t{b.size()} * kTileRun;
+  uint64_t seen = 0;  // flagged ids in the tiles before this one (uniform)
+  for (int64_t base = 0; base < n; base += tile) {
+    const int64_t lo = base + int64_t{b.rank()} * kTileRun;
+    bool f[kTileRun];
+    int32_t local = 0;
+    SPECD_UNROLL
+    for (int32_t u = 0; u < kTileRun; ++u) {
+      f[u] = lo + u < n && flag(static_cast<int32_t>(lo + u));
+      local += f[u] ? 1 : 0;
+    }
+    const int32_t before = b.exclusive_sum(local);
+    int32_t found = INT32_MAX;
+    const uint64_t first = seen + static_cast<uint64_t>(before);  // flagged ids before this thread's run
+    if (first < nth && nth <= first + static_cast<uint64_t>(local)) {
+      uint64_t count = first;
+      SPECD_UNROLL
+      for (int32_t u = 0; u < kTileRun; ++u) {
+        if (f[u] && ++count == nth && found == INT32_MAX) found = static_cast<int32_t>(lo + u);
       }
     }
+    if (b.any(found != INT32_MAX)) return b.min(found);  // exactly one thread found it
+    seen += static_cast<uint64_t>(b.sum(local));
   }
-  return b.min(found);
+  return INT32_MAX;
 }
 
 // Whether a Block has a candidate cache (optional part of the concept, serial_block.h):
@@ -212,30 +220,40 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item
 
 // Inverse-CDF draw over weights w(i) >= 0, i in [0, n): the first i with w(i) > 0 whose
 // running sum exceeds `target`, else the last i with w(i) > 0 (-1 if none): the rule of
-// sample_from_weights. Each thread sums its chunk in id order; chunk prefixes come from an
-// exclusive scan (with one thread: exactly the sequential running sum).
+// sample_from_weights. Tiled (see kTileRun): in each tile, thread t's running sum starts at
+// carried + (exclusive block scan of the threads' run sums) and adds its run's positive
+// weights in id order; `carried` of the next tile is the last thread's final running sum.
+// The walk stops after the first tile where some running sum exceeds `target`, so each
+// weight is computed once, and only up to that tile. With one thread the running sum is
+// exactly the sequential one (carried + 0, then one weight at a time).
 template <class Block, class Weight>
 SPECD_HOST_DEVICE int32_t draw_inverse_cdf(Block& b, int32_t n, const Weight& weight, double target) {
-  const Chunk c = chunk_of(b, n);
-  double local = 0;
-  for (int32_t i = c.lo; i < c.hi; ++i) {
-    const double w = weight(i);
-    if (w > 0) local += w;
-  }
-  double running = b.exclusive_sum(local);
-  int32_t found = INT32_MAX, last = -1;
-  for (int32_t i = c.lo; i < c.hi; ++i) {
-    const double w = weight(i);
-    if (!(w > 0)) continue;
-    running += w;
-    last = i;
-    if (target < running) {
-      found = i;
-      break;
+  const int64_t tile = int64_t{b.size()} * kTileRun;
+  double carried = 0;  // running sum before this tile (uniform)
+  int32_t last = -1;   // this thread's last id with w > 0 so far
+  for (int64_t base = 0; base < n; base += tile) {
+    const int64_t lo = base + int64_t{b.rank()} * kTileRun;
+    double w[kTileRun];
+    double local = 0;
+    SPECD_UNROLL
+    for (int32_t u = 0; u < kTileRun; ++u) {
+      w[u] = lo + u < n ? weight(static_cast<int32_t>(lo + u)) : 0.0;
+      if (w[u] > 0) local += w[u];
     }
+    double running = carried + b.exclusive_sum(local);
+    int32_t found = INT32_MAX;
+    SPECD_UNROLL
+    for (int32_t u = 0; u < kTileRun; ++u) {
+      if (!(w[u] > 0) || found != INT32_MAX) continue;
+      running += w[u];
+      last = static_cast<int32_t>(lo + u);
+      if (target < running) found = last;
+    }
+    if (b.any(found != INT32_MAX)) return b.min(found);
+    // No thread stopped early: the last thread's running sum covers the whole tile.
+    carried = b.max(b.rank() == b.size() - 1 ? running : -INFINITY);
   }
-  found = b.min(found);
-  return found != INT32_MAX ? found : b.max(last);
+  return b.max(last);
 }
 
 }  // namespace specd::detail

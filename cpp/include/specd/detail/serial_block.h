@@ -3,7 +3,8 @@
 //
 // The Block concept (the CUDA one is cuda/src/device_block.cuh):
 // - rank() in [0, size()): this thread; loops over a row are strided (i = rank(); i < n;
-//   i += size()) or chunked (rank()'s contiguous chunk of ceil(n / size()) elements).
+//   i += size()) or tiled (block_algorithms.h: tiles of size() * kTileRun ids, rank()'s
+//   kTileRun consecutive ids in each, threads ordered by a block scan).
 // - Collectives: every thread of the block calls them, in the same order, with uniform
 //   control flow, and every thread gets the same bits back: sum, max, min (of double or
 //   int32), exclusive_sum (prefix over ranks below this one), any (of bool), argmax (of
@@ -16,7 +17,7 @@
 //   cache_capacity(), cache_clear(), cache_push(key, mass) from any thread, then after
 //   hist_done() cache_size(), cache_key(s), cache_mass(s). A Block without it (the tests'
 //   ThreadedBlock) always selects over the row.
-// With one thread, a strided or chunked loop visits the row in id order and every
+// With one thread, a strided or tiled loop visits the row in id order and every
 // reduction is that thread's sequential sum: the arithmetic of the CPU references.
 #pragma once
 
