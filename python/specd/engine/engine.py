@@ -54,6 +54,7 @@ class Engine:
         self.proposers = self._make_proposers(speculation)
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM(..., draft_graph=True))
+        self.target_graph = None  # a TargetGraphRunner for verify steps (LLM(..., target_graph=True))
         self.steps = 0
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
@@ -114,7 +115,7 @@ class Engine:
         forward_s += draft_s
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
         logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
-            self.target, self.pool, items, trees))
+            self.target, self.pool, items, trees, graph=self.target_graph))
         self.policy.observe_forward("target", tokens, target_s)
         forward_s += target_s
         finished, row = [], 0

@@ -19,7 +19,7 @@ from specd.engine.params import SamplingParams, SpeculationConfig
 from specd.engine.policies import make_policy
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
-from specd.engine.scheduler import DRAFT, SchedulerConfig
+from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool, KVModel
 from specd.models.llama import LlamaModel
@@ -59,6 +59,10 @@ class LLM:
     draft_graph: run the draft model's forwards 1..k-1 as one fixed-shape step loop over device
         buffers (custom-op attention; CUDA graphs per batch-size bucket on a GPU; see
         specd.engine.draft_graph). Default off until validated on a GPU.
+    target_graph: run verify steps without a prefill chunk (every request verifying its root
+        and drafts, padded to one query length) as one fixed-shape target forward over device
+        buffers (custom-op tree attention; a CUDA graph per batch-size bucket and query length
+        on a GPU; see specd.engine.target_graph). Default off until validated on a GPU.
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -66,7 +70,8 @@ class LLM:
                  kv_cache_memory: int = 256 << 20, num_kv_pages: Optional[int] = None, block_size: int = 16,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
-                 policy: Union[str, SpeculationPolicy, None] = None, timer=None, draft_graph: bool = False):
+                 policy: Union[str, SpeculationPolicy, None] = None, timer=None, draft_graph: bool = False,
+                 target_graph: bool = False):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -80,7 +85,7 @@ class LLM:
                     t.tokenizer, speculation, device=device, kv_cache_memory=kv_cache_memory,
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
-                    policy=policy, timer=timer, draft_graph=draft_graph)
+                    policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
@@ -88,7 +93,7 @@ class LLM:
                     num_kv_pages: Optional[int] = None, block_size: int = 16, max_num_seqs: int = 32,
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
-                    draft_graph: bool = False) -> "LLM":
+                    draft_graph: bool = False, target_graph: bool = False) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -99,7 +104,8 @@ class LLM:
         self._setup(target_model, draft_model, tokenizer, speculation, device=device,
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                    max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph)
+                    max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph,
+                    target_graph=target_graph)
         return self
 
     @staticmethod
@@ -116,7 +122,7 @@ class LLM:
 
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-               seed, policy, timer, draft_graph=False) -> None:
+               seed, policy, timer, draft_graph=False, target_graph=False) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         tc = target_model.config
@@ -138,6 +144,8 @@ class LLM:
             uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),
             timer=timer)
         self.draft_graph = self._make_draft_graph(speculation, max_num_seqs) if draft_graph else None
+        self.target_graph = (self._make_target_graph(speculation, max_num_seqs, max_num_batched_tokens)
+                             if target_graph else None)
         self.seed = seed
         self._next_id = 0
 
@@ -153,6 +161,21 @@ class LLM:
             max_steps=max(speculation.k, 1), max_blocks=width,
             buckets=power_of_two_buckets(max_num_seqs) if on_gpu else ()))
         self.engine.draft_graph = runner
+        return runner
+
+    def _make_target_graph(self, speculation: SpeculationConfig, max_num_seqs: int, max_num_batched_tokens: int):
+        """The TargetGraphRunner of the target model, handed to the engine (which passes it to run_target)."""
+        from specd.engine.draft_graph import power_of_two_buckets
+        from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
+
+        k = speculation.k
+        max_query = 1 + max(k, speculation.tree_nodes(k))  # root + the most draft nodes a request reserves
+        on_gpu = self.target.device.type == "cuda"
+        width = self.pool.blocks.pages_for_tokens(self.max_model_len + max_query, model=TARGET)
+        runner = TargetGraphRunner(self.target, self.pool, TargetGraphConfig(
+            max_query=max_query, max_blocks=width, buckets=power_of_two_buckets(max_num_seqs) if on_gpu else (),
+            max_tokens=max(max_num_batched_tokens, max_query)))
+        self.engine.target_graph = runner
         return runner
 
     # ---- requests ----

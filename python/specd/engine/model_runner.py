@@ -93,7 +93,16 @@ def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) ->
 
 
 def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
-               trees: dict[int, TokenTree]) -> torch.Tensor:
+               trees: dict[int, TokenTree], graph=None) -> torch.Tensor:
+    """Float32 logits of every deciding item's tree nodes, in item order ``[sum of sizes, vocab]``.
+
+    ``graph``: a TargetGraphRunner (engine/target_graph.py) that runs pure verify steps (no
+    prefill chunk in the batch) over fixed-shape buffers (a CUDA graph replay on GPUs); the
+    engine passes its runner when ``LLM(..., target_graph=True)``. Off by default until
+    validated on a GPU; steps it does not accept (prefill, another model or pool, q or batch
+    size past its buffers) run the varlen forward below."""
+    if graph is not None and graph.model is model and graph.pool is pool and graph.accepts(items, trees):
+        return graph.run(items, trees)
     windowed = model.window is not None
     segments = [target_segment(it, trees.get(it.request.id), windowed) for it in items]
     return forward(model, pool, TARGET, segments)

@@ -1,10 +1,12 @@
 """An attention backend on specd's custom ops (specd.ops: ``kv_write`` + ``tree_attention``)
 whose metadata lives entirely in device tensors, so a forward that uses it has no host-side
-value in it and can be captured in a CUDA graph (the draft decode step, engine/draft_graph.py).
+value in it and can be captured in a CUDA graph (the draft decode step, engine/draft_graph.py;
+the target verify step, engine/target_graph.py).
 
 Compared with :class:`~specd.models.attention.TorchPagedAttention` (metadata partly host
 lists, per-sequence SDPA): every sequence is causal (``tree_mask`` None: each new token sees
-the history and the new tokens before it), no sliding window, and the KV extent of each
+the history and the new tokens before it) or follows the int64 tree-mask rows of
+``tree_mask`` (tree_attention.h), no sliding window, and the KV extent of each
 sequence is ``kv_lens`` read through int32 block tables. Slots of -1 are skipped by the
 kernel, so padding rows cost nothing and write nothing.
 """
@@ -29,12 +31,13 @@ class DeviceAttentionMetadata:
     block_tables: torch.Tensor  # int32 [B, W] page ids (-1 padded)
     query_start: torch.Tensor   # int32 [B + 1] CSR offsets of each sequence's new tokens
     kv_lens: torch.Tensor       # int32 [B] KV extent attended (history + new tokens)
+    tree_mask: Optional[torch.Tensor] = None  # int64 [T, mask_words] ancestor bits; None: causal
 
 
 class KernelAttention:
     """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
-    (causal). On CPU the op is the float32 reference; on CUDA the kernel (UNVALIDATED on a GPU
-    so far, see docs/cuda.md)."""
+    (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the
+    kernel (UNVALIDATED on a GPU so far, see docs/cuda.md)."""
 
     def __init__(self, scale: Optional[float] = None):
         import specd.ops  # noqa: F401  (registers torch.ops.specd)
@@ -48,4 +51,4 @@ class KernelAttention:
             raise InvalidArgumentError("KernelAttention has no sliding window; use TorchPagedAttention")
         torch.ops.specd.kv_write(cache.k, cache.v, k.to(cache.k.dtype), v.to(cache.v.dtype), meta.slot_mapping)
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
-                                              meta.kv_lens, None, self.scale)
+                                              meta.kv_lens, meta.tree_mask, self.scale)

@@ -124,12 +124,14 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: list[LayerKV],
                 logits_indices: Optional[torch.Tensor] = None,
-                backend: Optional[AttentionBackend] = None) -> torch.Tensor:
+                backend: Optional[AttentionBackend] = None,
+                logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """input_ids int64 ``[T]``; kv: one LayerKV per layer; logits_indices ``[N]`` (None: all
         tokens) -> float32 logits ``[N, vocab]``. ``backend`` overrides the model's attention
         backend for this call (the draft graph passes KernelAttention with its device-only
         metadata, models/kernel_attention.py); ``meta`` is whatever that backend reads, plus
-        ``positions``."""
+        ``positions``. ``logits_out``: float32 ``[N, vocab]`` the logits are written to (and
+        returned), in place of a new tensor (the target graph's shared output buffer)."""
         backend = self.backend if backend is None else backend
         c = self.config
         if self.rope is None or self.rope.inv_freq.device != self.device:
@@ -142,4 +144,5 @@ class LlamaModel(nn.Module):
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         if logits_indices is not None:
             x = x[logits_indices]
-        return self.lm_head(self.model.norm(x)).float()
+        logits = self.lm_head(self.model.norm(x))
+        return logits.float() if logits_out is None else logits_out.copy_(logits)

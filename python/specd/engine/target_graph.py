@@ -1,0 +1,251 @@
+"""The target's verify forward over fixed-shape buffers, graph-capturable per (bucket, q).
+
+``run_target`` (model_runner.py) runs one varlen target forward over every item's new tokens:
+prefill chunks, then each request's root and draft tree. A step with no prefill in it (every
+item verifies: its root plus its chain or tree, nothing else) has a fixed shape once padded:
+
+    q      query rows per request: the largest tree of the step (root + draft nodes); shorter
+           trees get dummy rows (token 0, slot -1: no KV written, tree-mask row empty, so
+           they see only the history and no real row sees them);
+    B      requests, padded to a batch-size bucket (dummy requests: slots -1, no pages,
+           nothing visible, zero attention output);
+    T      = B * q tokens; request i owns rows [i q, (i + 1) q) (query_start = 0, q, 2q, ...).
+
+:class:`TargetGraphRunner` copies a step's inputs (token ids, positions, slot mapping, the
+rows the verifier needs logits for, int64 tree-mask words, kv_lens, block tables) into one
+int64 buffer with ONE host->device copy from pinned staging, then runs the target forward
+with :class:`~specd.models.kernel_attention.KernelAttention` (``kv_write`` + tree-masked
+``tree_attention``, metadata in device tensors only). The LM head runs on the logits rows
+only: row r of the output is item i's node j for the r-th (i, j) in item order, so the first
+``sum(len(tree))`` rows are exactly what ``run_target`` returns. On CUDA the forward is
+captured once per (bucket, q) in a ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs
+eagerly (used to test it against the plain path). Every graph writes its logits into one
+shared float32 buffer of ``max_tokens`` rows (``LlamaModel.forward(logits_out=...)``: the
+float conversion's copy lands there, so no extra copy for 16-bit models), instead of each
+graph holding its own ``[B q, vocab]`` output.
+
+Real query j of request i (history c = its committed target length) gets kv_len = c + q:
+the kernel's history is kv_len - q_len = c, new token m sits at position c + m, and the tree
+mask row (the node's ancestor bits, ``TokenTree.ancestor_mask``) lets it see m only where m is
+an ancestor or itself; padded positions c + size .. c + q - 1 are never visible (their bits
+are 0, and past the reserved pages they have no slot at all).
+
+Steps that do not fit (a prefill chunk in the batch, more requests than the last bucket, q
+above ``max_query``, more than ``max_tokens`` padded rows, a block table wider than the
+buffers) run the plain path.
+
+Status: the CPU path is tested (engine outputs equal plain decoding); the CUDA path (capture,
+replay, the kernels) is UNVALIDATED on a GPU so far, hence off by default
+(``LLM(..., target_graph=True)`` turns it on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from specd.engine.draft_graph import DraftGraphRunner
+from specd.engine.scheduler import TARGET, WorkItem
+from specd.errors import InvalidArgumentError
+from specd.kv_cache import KVCachePool
+from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+from specd.models.llama import LlamaModel
+from specd.verification import TokenTree
+
+# Fields of the packed int64 input, in order (sizes in _Buffers).
+_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index", "tree_mask", "kv_lens", "block_table")
+
+
+@dataclass(frozen=True)
+class TargetGraphConfig:
+    """Shapes of the target graph runner.
+
+    max_query: the largest q (root + draft nodes of one request) it runs; a larger tree runs
+        the plain path.
+    max_blocks: block-table width of its buffers (target pages per sequence at most).
+    buckets: batch sizes a batch is padded to (and, when capturing, one graph each per q); a
+        batch above the last bucket runs the plain path. Empty: no batch padding.
+    capture: capture CUDA graphs; None: when the target model is on a CUDA device.
+    max_tokens: the most padded query rows (bucket x q) a step may have; more run the plain
+        path. Bounds the shared logits buffer of the graphs (max_tokens x vocab float32).
+        None: no bound (the last bucket x max_query).
+    """
+
+    max_query: int
+    max_blocks: int
+    buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    capture: Optional[bool] = None
+    max_tokens: Optional[int] = None
+
+
+class _Buffers:
+    """Fixed-shape inputs of one (bucket, q): a packed int64 host staging buffer and its device
+    copy, typed views of it, and the int32 tensors the attention op reads."""
+
+    def __init__(self, batch: int, q: int, width: int, device: torch.device):
+        tokens, words = batch * q, -(-q // 64)
+        self.batch, self.q, self.words = batch, q, words
+        sizes = (tokens, tokens, tokens, tokens, tokens * words, batch, batch * width)
+        shapes = ((tokens,),) * 4 + ((tokens, words), (batch,), (batch, width))
+        on_device = device.type != "cpu"
+        self.host = torch.zeros(sum(sizes), dtype=torch.int64, pin_memory=on_device)
+        self.packed = torch.zeros_like(self.host, device=device) if on_device else self.host
+        self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
+        host_np = self.host.numpy()
+        self.fields: dict[str, np.ndarray] = {}   # numpy views of the staging, per field
+        self.device: dict[str, torch.Tensor] = {}  # device views of the packed copy, per field
+        offset = 0
+        for name, size, shape in zip(_FIELDS, sizes, shapes):
+            self.fields[name] = host_np[offset:offset + size].reshape(shape)
+            self.device[name] = self.packed[offset:offset + size].view(shape)
+            offset += size
+        self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)              # [B]
+        self.block_table = torch.full((batch, width), -1, dtype=torch.int32, device=device)  # [B, W]
+        self.query_start = torch.arange(0, tokens + 1, q, dtype=torch.int32, device=device)  # [B + 1]
+
+
+class TargetGraphRunner:
+    """Runs pure verify steps of ``run_target`` over fixed-shape buffers (see module doc)."""
+
+    def __init__(self, model: LlamaModel, pool: KVCachePool, config: TargetGraphConfig):
+        reason = DraftGraphRunner.unsupported(model)
+        if reason is not None:
+            raise InvalidArgumentError(f"the target graph cannot run this target model: {reason}")
+        if (config.max_query < 1 or config.max_blocks < 1 or any(b < 1 for b in config.buckets)
+                or (config.max_tokens is not None and config.max_tokens < 1)):
+            raise InvalidArgumentError(f"invalid TargetGraphConfig {config}")
+        self.model, self.pool, self.config = model, pool, config
+        self.device = model.device
+        self.capture = config.capture if config.capture is not None else self.device.type == "cuda"
+        if self.capture and (self.device.type != "cuda" or not config.buckets):
+            raise InvalidArgumentError("CUDA graph capture needs a CUDA target model and batch buckets")
+        self.kv = pool.layers(TARGET)
+        self.block_size = pool.block_size(TARGET)
+        self.backend = KernelAttention()
+        self._buffers: dict[tuple[int, int], _Buffers] = {}
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._mempool = None  # one graph memory pool shared by every captured graph
+        self._logits: Optional[torch.Tensor] = None  # float32 [rows, vocab]: every graph's output
+
+    def bucket(self, batch: int) -> Optional[int]:
+        if not self.config.buckets:
+            return batch
+        return next((b for b in sorted(self.config.buckets) if b >= batch), None)
+
+    def query_len(self, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> int:
+        """q of a step: its largest tree (root included)."""
+        return max(len(trees[it.request.id]) for it in items)
+
+    def accepts(self, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> bool:
+        """True for a pure verify step that fits the buffers (see module doc)."""
+        if not items or any(not it.decide or it.num_prefix for it in items):
+            return False
+        q, batch = self.query_len(items, trees), self.bucket(len(items))
+        if q > self.config.max_query or batch is None:
+            return False
+        if self.config.max_tokens is not None and batch * q > self.config.max_tokens:
+            return False
+        bs, width = self.block_size, self.config.max_blocks
+        return all(-(-(it.request.computed[TARGET] + it.num_tokens) // bs) <= width for it in items)
+
+    def run(self, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> torch.Tensor:
+        """The verify forward of ``items`` (``accepts`` true). Returns float32 logits
+        ``[sum of tree sizes, vocab]`` in item order, as ``run_target``: a view of the runner's
+        buffers on CUDA, valid until its next run."""
+        q = self.query_len(items, trees)
+        batch = self.bucket(len(items))
+        buf = self._buffers_for(batch, q)
+        graph = self._graph(batch, q) if self.capture else None
+        rows = self._fill(buf, items, trees)
+        if graph is not None:
+            graph.replay()
+            logits = self._logits
+        else:  # eager: into the shared buffer too when batches are bucketed (bounded shapes)
+            logits = self._forward(buf, self._shared_logits()[:batch * q] if self.config.buckets else None)
+        return logits[:rows]
+
+    # ---- internals ----
+
+    def _buffers_for(self, batch: int, q: int) -> _Buffers:
+        buf = self._buffers.get((batch, q))
+        if buf is None:
+            buf = _Buffers(batch, q, self.config.max_blocks, self.device)
+            self._buffers[(batch, q)] = buf
+        return buf
+
+    def _fill(self, buf: _Buffers, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> int:
+        """Writes the inputs of ``items`` (rows and requests past them: padding) to the staging
+        buffer and copies it to the device. Returns the number of logits rows."""
+        if buf.uploaded is not None:
+            buf.uploaded.synchronize()  # the previous run's copy has left the pinned staging
+        f, q = buf.fields, buf.q
+        f["input_ids"].fill(0)
+        f["positions"].fill(0)
+        f["slot_mapping"].fill(-1)
+        f["logits_index"].fill(0)
+        f["tree_mask"].fill(0)
+        f["kv_lens"].fill(q)  # dummy requests: no history, nothing visible
+        f["block_table"].fill(-1)
+        rows = 0
+        for i, it in enumerate(items):
+            tree = trees[it.request.id]
+            size, base, history = len(tree), i * q, it.request.computed[TARGET]
+            f["input_ids"][base:base + size] = tree.tokens
+            f["positions"][base:base + q] = history  # dummy rows: any position in range
+            f["positions"][base:base + size] += tree.depths
+            f["slot_mapping"][base:base + size] = it.target_slots[:size]
+            bits = tree.ancestor_mask().view(np.int64)  # [size, ceil(size / 64)]
+            f["tree_mask"][base:base + size, :bits.shape[1]] = bits
+            f["kv_lens"][i] = history + q
+            f["logits_index"][rows:rows + size] = np.arange(base, base + size)
+            rows += size
+        if items:
+            f["block_table"][:len(items)] = self.pool.blocks.block_table_padded(
+                [it.request.id for it in items], model=TARGET, width=self.config.max_blocks, pad=-1)
+        if buf.packed is not buf.host:
+            buf.packed.copy_(buf.host, non_blocking=True)
+            buf.uploaded.record()
+        return rows
+
+    def _forward(self, buf: _Buffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The target forward on the buffers: the code a CUDA graph captures. Float32 logits
+        ``[T, vocab]`` (rows past the step's logits rows: unused), written to ``out`` if given."""
+        d = buf.device
+        buf.kv_lens.copy_(d["kv_lens"])  # int64 -> int32, on the device
+        buf.block_table.copy_(d["block_table"])
+        meta = DeviceAttentionMetadata(d["positions"], d["slot_mapping"], buf.block_table, buf.query_start,
+                                       buf.kv_lens, tree_mask=d["tree_mask"])
+        return self.model(d["input_ids"], meta, self.kv, d["logits_index"], backend=self.backend, logits_out=out)
+
+    def _graph(self, batch: int, q: int) -> torch.cuda.CUDAGraph:
+        key = (batch, q)
+        graph = self._graphs.get(key)
+        if graph is not None:
+            return graph
+        buf = self._buffers_for(batch, q)
+        out = self._shared_logits()[:batch * q]
+        self._fill(buf, [], {})  # every request a dummy: the warm-up and the capture write no KV
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            self._forward(buf, out)  # warm-up: lazy initialisations stay out of the capture
+        current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            self._forward(buf, out)
+        if self._mempool is None:
+            self._mempool = graph.pool()
+        self._graphs[key] = graph
+        return graph
+
+    def _shared_logits(self) -> torch.Tensor:
+        if self._logits is None:
+            rows = max(self.config.buckets) * self.config.max_query
+            if self.config.max_tokens is not None:
+                rows = min(rows, self.config.max_tokens)
+            self._logits = torch.empty((rows, self.model.config.vocab_size), dtype=torch.float32, device=self.device)
+        return self._logits

@@ -1,0 +1,260 @@
+"""The graph-capturable target verify forward (specd.engine.target_graph): with
+``LLM(..., target_graph=True)`` the engine's greedy outputs equal plain decoding for ngram /
+suffix / draft proposals, chains and trees, mixed tree sizes in a batch (query padding),
+batches padded to buckets and crossing them, and steps with prefill chunks (which run the
+plain path); every verify step the runner takes gives the logits the plain forward gives.
+GPU: the captured graph replays what the runner's eager forward computes, with no host
+synchronisation (skips without a GPU)."""
+
+import numpy as np
+import pytest
+import torch
+
+import specd
+from specd import errors
+from specd.engine import model_runner
+from specd.engine.params import SamplingParams
+from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
+from specd.verification import TokenTree
+from test_engine import prompts_of_mixed_lengths, self_draft
+
+MAX_TOKENS = 20
+BUDGET = 96  # new tokens per step: prompts are prefilled in chunks beside verifying requests
+# Trees: several n-gram continuations merged (up to 6 nodes), so tree sizes differ in a step.
+SPECS = {"ngram-tree": dict(method="ngram", num_speculative_tokens=3, max_tree_nodes=6, ngram_candidates=3,
+                            ngram_max=2),
+         "suffix": dict(method="suffix", num_speculative_tokens=3),
+         "draft": dict(method="draft", num_speculative_tokens=3)}
+
+
+def greedy_params(n):
+    """Different max_tokens per request: requests finish at different steps, so the batch
+    shrinks across the buckets."""
+    return [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS - 2 * (i % 4), ignore_eos=True) for i in range(n)]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request, tmp_path_factory, tiny_llama_dir, tiny_qwen2_dir):
+    target = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}[request.param]
+    draft = self_draft(target, tmp_path_factory.mktemp(f"target_graph_draft_{request.param}"))
+    plain = specd.LLM(target, max_num_batched_tokens=BUDGET)
+    prompts = prompts_of_mixed_lengths(plain.tokenizer)
+    baseline = [o.token_ids for o in plain.generate(prompts, greedy_params(len(prompts)))]
+    return target, draft, prompts, baseline
+
+
+class BranchyTrees:
+    """Wraps the n-gram proposer: every proposal grows extra branches of random tokens, to a
+    random size within the request's node budget and depth k. Tiny random models often repeat
+    one token (n-gram lookup then finds chains only); this makes every verify step carry token
+    trees of several sizes. Verification is lossless whatever the drafts are."""
+
+    def __init__(self, inner, vocab: int):
+        self.inner, self.vocab = inner, vocab
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __contains__(self, request_id) -> bool:
+        return request_id in self.inner
+
+    def propose(self, ids, ks, nodes):
+        out = self.inner.propose(ids, ks, nodes)
+        return _Trees([self._grow(out.tree(i), rid, k, n) for i, (rid, k, n) in enumerate(zip(ids, ks, nodes))])
+
+    def _grow(self, tree: TokenTree, rid: int, k: int, nodes: int) -> TokenTree:
+        rng = np.random.default_rng([rid, len(tree), int(tree.tokens[0])])
+        grown = TokenTree.from_parents(tree.tokens, tree.parents)
+        size = int(rng.integers(len(tree), nodes + 2))  # root + at most `nodes` drafts
+        while len(grown) < size:
+            parents = [j for j, d in enumerate(grown.depths) if d < k]
+            parent, token = int(rng.choice(parents)), int(rng.integers(0, self.vocab))
+            if grown.find_child(parent, token) < 0:
+                grown.add_node(parent, token)
+        return grown
+
+
+class _Trees:
+    def __init__(self, trees):
+        self.trees = trees
+
+    def tree(self, i: int) -> TokenTree:
+        return self.trees[i]
+
+
+def make_llm(target, draft, spec, **kw):
+    s = dict(SPECS[spec])
+    llm = specd.LLM(target, draft if s["method"] == "draft" else None, specd.SpeculationConfig(**s),
+                    max_num_batched_tokens=BUDGET, **kw)
+    if spec == "ngram-tree":
+        proposers = llm.engine.proposers
+        proposers["ngram"] = BranchyTrees(proposers["ngram"], llm.target.config.vocab_size)
+    return llm
+
+
+def checked_run_target(monkeypatch, calls):
+    """Makes every engine verify forward run the plain path first, then the path with the
+    engine's runner on the same items (the KV writes are the same rows, equal up to rounding),
+    and compare their logits. Records (runner used, batch size, tree sizes, all chains)."""
+    real = model_runner.run_target
+
+    def run(model, pool, items, trees, graph=None):
+        assert graph is not None  # the engine passes its runner
+        want = real(model, pool, items, trees)
+        got = real(model, pool, items, trees, graph=graph)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        sizes = [len(trees[it.request.id]) for it in items if it.decide]
+        chains = all(trees[it.request.id].is_chain for it in items if it.decide)
+        calls.append((graph.accepts(items, trees), len(items), sizes, chains))
+        return got
+
+    monkeypatch.setattr(model_runner, "run_target", run)
+
+
+def runner_like(llm, **config):
+    """A CPU runner for ``llm``'s target with the given config fields (no capture)."""
+    old = llm.target_graph.config
+    fields = dict(max_query=old.max_query, max_blocks=old.max_blocks, buckets=old.buckets, capture=False)
+    fields.update(config)
+    runner = TargetGraphRunner(llm.target, llm.pool, TargetGraphConfig(**fields))
+    llm.target_graph = llm.engine.target_graph = runner
+    return runner
+
+
+# ---- CPU: the engine with the target graph ----
+
+
+@pytest.mark.parametrize("spec", sorted(SPECS))
+def test_engine_greedy_with_target_graph_equals_plain_decoding(pair, monkeypatch, spec):
+    target, draft, prompts, baseline = pair
+    llm = make_llm(target, draft, spec, target_graph=True)
+    assert isinstance(llm.target_graph, TargetGraphRunner) and llm.engine.target_graph is llm.target_graph
+    assert llm.target_graph.config.max_query == 1 + (6 if spec == "ngram-tree" else 3)
+    calls = []
+    checked_run_target(monkeypatch, calls)
+    outs = llm.generate(prompts, greedy_params(len(prompts)))
+    assert [o.token_ids for o in outs] == baseline
+    assert sum(o.metrics.accepted_tokens for o in outs) > 0, "speculation did not happen"
+    assert any(used for used, _, _, _ in calls)
+    assert any(not used for used, _, _, _ in calls)  # steps with prefill chunks ran the plain path
+    assert any(used and len(set(sizes)) > 1 for used, _, sizes, _ in calls)  # padded query rows
+    if spec == "ngram-tree":
+        assert any(used and not chains for used, _, _, chains in calls)  # token trees through the runner
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+
+
+def test_batch_buckets_overflow_and_query_limit(pair, monkeypatch):
+    """Buckets (3, 5): 8 or 6 requests overflow them (plain path), then the shrinking batch is
+    padded to 5 or 3; runners limited to q <= 3, or to 8 padded rows, leave larger steps to
+    the plain path."""
+    target, draft, prompts, baseline = pair
+    llm = make_llm(target, draft, "ngram-tree", target_graph=True)
+    runner = runner_like(llm, buckets=(3, 5))
+    calls = []
+    checked_run_target(monkeypatch, calls)
+    assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
+    pure = [(used, n) for used, n, sizes, _ in calls if len(sizes) == n]  # no prefill in the step
+    assert any(not used and n > 5 for used, n in pure)  # bucket overflow
+    assert all(used for used, n in pure if n <= 5)
+    assert any(used and runner.bucket(n) != n for used, n in pure)  # padded batches
+    assert {b for b, _ in runner._buffers} == {3, 5}
+
+    assert runner._logits is not None and runner._logits.shape[0] == 5 * runner.config.max_query
+
+    for spec, limits in (("ngram-tree", dict(max_query=3)), ("suffix", dict(max_tokens=8))):
+        limited = make_llm(target, draft, spec, target_graph=True)
+        runner_like(limited, **limits)
+        calls.clear()
+        assert [o.token_ids for o in limited.generate(prompts, greedy_params(len(prompts)))] == baseline
+        pure = [(used, n * max(sizes), max(sizes)) for used, n, sizes, _ in calls if len(sizes) == n]
+        assert any(used for used, _, _ in pure)
+        if spec == "ngram-tree":  # trees above max_query ran the plain path
+            assert all(q <= 3 for used, _, q in pure if used) and any(not used and q > 3 for used, _, q in pure)
+        else:  # steps of more than max_tokens padded rows ran the plain path
+            assert all(rows <= 8 for used, rows, _ in pure if used)
+            assert any(not used and rows > 8 for used, rows, _ in pure)
+
+
+def test_draft_and_target_graphs_together(pair, monkeypatch):
+    target, draft, prompts, baseline = pair
+    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True)
+    calls = []
+    checked_run_target(monkeypatch, calls)
+    assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
+    assert any(used for used, _, _, _ in calls)
+
+
+def test_sampled_requests_with_target_graph(pair):
+    """Sampled requests verify through the runner's logits: the same tokens as the plain path
+    for the same seeds (the logits agree to float rounding), and reproducible."""
+    target, draft, prompts, _ = pair
+    params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=(i % 2) * 20, top_p=0.95,
+                             max_tokens=MAX_TOKENS, ignore_eos=True, seed=i) for i in range(len(prompts))]
+    want = [o.token_ids for o in make_llm(target, draft, "draft").generate(prompts, params)]
+    got = [o.token_ids for o in make_llm(target, draft, "draft", target_graph=True).generate(prompts, params)]
+    assert got == want
+
+
+def test_target_graph_option_errors(pair):
+    target, draft, _, _ = pair
+    with pytest.raises(errors.InvalidArgumentError, match="float32 only"):
+        specd.LLM(target, dtype="bfloat16", target_graph=True)
+    assert specd.LLM(target).target_graph is None  # off by default
+    plain = specd.LLM(target, target_graph=True)  # no speculation: q = 1
+    assert plain.target_graph.config.max_query == 1 and plain.target_graph.config.buckets == ()
+    with pytest.raises(errors.InvalidArgumentError, match="capture"):
+        TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=2, max_blocks=4, capture=True))
+    with pytest.raises(errors.InvalidArgumentError, match="invalid TargetGraphConfig"):
+        TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=0, max_blocks=4))
+
+
+# ---- GPU ----
+
+
+@pytest.fixture
+def cuda():
+    import specd.ops as ops
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device: the CUDA graph capture and replay need one")
+    if not ops.HAS_CUDA_KERNELS:
+        pytest.skip("specd built without CUDA kernels (kv_write / tree_attention on cuda)")
+    return torch.device("cuda")
+
+
+@pytest.mark.parametrize("spec", ["ngram-tree", "draft"])
+def test_gpu_graph_replay_equals_eager_forward_without_host_sync(pair, monkeypatch, cuda, spec):
+    target, draft, prompts, _ = pair
+    params = greedy_params(len(prompts))
+    baseline = [o.token_ids for o in specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET)
+                .generate(prompts, params)]
+    llm = make_llm(target, draft, spec, device="cuda", target_graph=True)
+    graph_runner = llm.target_graph
+    assert graph_runner.capture and graph_runner.config.buckets
+    eager_runner = TargetGraphRunner(llm.target, llm.pool, TargetGraphConfig(
+        max_query=graph_runner.config.max_query, max_blocks=graph_runner.config.max_blocks,
+        buckets=graph_runner.config.buckets, capture=False))
+    real_run, checked = graph_runner.run, []
+
+    def run(items, trees):
+        want = eager_runner.run(items, trees).clone()
+        graph_runner._graph(graph_runner.bucket(len(items)), graph_runner.query_len(items, trees))  # capture first
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = real_run(items, trees)  # fill + replay: no host sync allowed
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        assert torch.equal(got.argmax(-1), want.argmax(-1))
+        checked.append((len(items), graph_runner.query_len(items, trees)))
+        return got
+
+    monkeypatch.setattr(graph_runner, "run", run)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == baseline
+    assert checked
+    if spec == "ngram-tree":
+        assert len({q for _, q in checked}) > 1  # several (bucket, q) graphs replayed
