@@ -4,6 +4,8 @@ equal plain decoding and every draft call proposes what the plain draft loop pro
 tokens, same distributions), with batch padding and mixed k; GPU: the captured graph replays
 what the eager loop computes, with no host synchronisation (skips without a GPU)."""
 
+from typing import NamedTuple
+
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from specd.engine import model_runner
 from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
 from specd.engine.params import SamplingParams
 from specd.engine.rng import philox_uniform
+from specd.engine.scheduler import DRAFT
 from specd.engine.row_sampling import RowParams, row_sampling_probs, row_uniforms, sample_rows
 from specd.engine.torch_sampling import sample_inverse_cdf, sampling_probs
 from test_engine import prompts_of_mixed_lengths, self_draft
@@ -76,9 +79,18 @@ def draft_llm(target, draft, k=4, **kw):
     return specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=k), **kw)
 
 
+class Call(NamedTuple):
+    used: bool          # the runner ran (part of) the draft call
+    ks: list            # the distinct k of the batch
+    n: int              # requests
+    forward0: bool      # the runner ran forward 0 (the catch-up) too
+    counts: list        # each request's catch-up length
+
+
 def checked_run_draft(monkeypatch, calls):
     """Makes every engine draft call run the plain loop first, then the graph runner on the same
-    items (KV writes are the same rows with the same values), and compare them."""
+    items (KV writes are the same rows with the same values), and compare them: same drafts,
+    token for token (greedy and sampled rows), and the same distributions."""
     real = model_runner.run_draft
 
     def run(model, pool, items, on_forward=None, graph=None):
@@ -90,7 +102,9 @@ def checked_run_draft(monkeypatch, calls):
             assert (g is None) == (w is None)
             if g is not None:
                 torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
-        calls.append((graph.accepts(items), sorted({it.k for it in items}), len(items)))
+        counts = [it.request.length - it.request.computed[DRAFT] for it in items]
+        calls.append(Call(graph.accepts(items), sorted({it.k for it in items}), len(items),
+                          graph.accepts(items) and graph.catch_up_width(items) is not None, counts))
         return got, got_q
 
     monkeypatch.setattr(model_runner, "run_draft", run)
@@ -109,8 +123,13 @@ def test_engine_greedy_with_draft_graph_equals_plain_decoding(pair, monkeypatch,
     assert [o.token_ids for o in outs] == baseline
     # Same drafts, so the same acceptance as the plain draft loop, request by request.
     assert [o.metrics.accepted_tokens for o in outs] == [o.metrics.accepted_tokens for o in eager_outs]
-    assert any(used for used, _, _ in calls)
-    assert any(len(ks) > 1 for used, ks, _ in calls if used)  # mixed k (requests near max_tokens)
+    assert any(c.used for c in calls)
+    assert any(len(c.ks) > 1 for c in calls if c.used)  # mixed k (requests near max_tokens)
+    # Forward 0 in the runner, with catch-up lengths that differ within a batch (some requests
+    # fully accepted, some rejected early); and forward 0 eager when a catch-up is too long
+    # (the first draft call after a prefill).
+    assert any(c.forward0 and len(set(c.counts)) > 1 for c in calls)
+    assert any(c.used and not c.forward0 for c in calls)
 
 
 def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes(pair, monkeypatch):
@@ -125,7 +144,9 @@ def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes
     params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_k=(i % 2) * 20, top_p=0.95,
                              max_tokens=MAX_TOKENS, ignore_eos=True, seed=i) for i in range(len(prompts))]
     first = [o.token_ids for o in llm.generate(prompts, params)]
-    assert any(used and n not in (2, 8) for used, _, n in calls)  # padded batches ran the graph loop
+    assert any(c.forward0 and c.n not in (2, 8) for c in calls)  # padded batches ran the whole call
+    assert any(c.forward0 and len(set(c.counts)) > 1 for c in calls)
+    assert any(c.forward0 and c.n > 2 for c in calls)  # the larger bucket too
     again = draft_llm(target, draft, 4, draft_graph=True, max_num_seqs=5)
     assert [o.token_ids for o in again.generate(prompts, params)] == first  # reproducible
 
@@ -138,6 +159,25 @@ def test_draft_graph_option_errors(pair):
         draft_llm(target, draft, 4, dtype="bfloat16", draft_graph=True)
     assert draft_llm(target, draft, 4).draft_graph is None  # off by default
     assert power_of_two_buckets(24) == (1, 2, 4, 8, 16, 24) and power_of_two_buckets(1) == (1,)
+
+
+def test_forward0_eager_config_and_k1_equal_plain_decoding(pair, monkeypatch):
+    """max_catch_up=0 keeps forward 0 eager (the runner runs forwards 1..k-1 only); with k = 1
+    the runner's whole call is forward 0."""
+    target, draft, prompts, baseline = pair
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    calls = []
+    checked_run_draft(monkeypatch, calls)
+    llm = draft_llm(target, draft, 3, draft_graph=True)
+    old = llm.draft_graph
+    llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
+        max_steps=3, max_blocks=old.config.max_blocks, buckets=(), max_catch_up=0))
+    assert [o.token_ids for o in llm.generate(prompts[:4], greedy)] == baseline[:4]
+    assert any(c.used for c in calls) and not any(c.forward0 for c in calls)
+    calls.clear()
+    llm = draft_llm(target, draft, 1, draft_graph=True)
+    assert [o.token_ids for o in llm.generate(prompts[:4], greedy)] == baseline[:4]
+    assert any(c.forward0 for c in calls)
 
 
 # ---- GPU ----
@@ -155,6 +195,9 @@ def cuda():
 
 
 def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda):
+    """The captured graph (forward 0 included when the catch-up fits, else forwards 1..k-1)
+    replays what the runner's eager code computes, and a run (inputs filled and uploaded, graph
+    replayed) does not synchronise with the host."""
     target, draft, prompts, _ = pair
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     baseline = [o.token_ids for o in specd.LLM(target, device="cuda").generate(prompts, greedy)]
@@ -164,24 +207,27 @@ def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch,
         max_steps=4, max_blocks=graph_runner.config.max_blocks, buckets=graph_runner.config.buckets, capture=False))
     real_run, checked = graph_runner.run, []
 
-    def run(items, first_tokens, on_forward=None):
+    def run(items, first_tokens=None, on_forward=None):
         want, want_q = (t.clone() if t is not None else None for t in eager_runner.run(items, first_tokens))
         sampling = any(not it.request.params.greedy for it in items)
-        graph_runner._graph(graph_runner.bucket(len(items)), max(it.k for it in items), sampling)  # capture first
+        width = 0 if first_tokens is not None else graph_runner.catch_up_width(items)
+        graph_runner._graph(graph_runner.bucket(len(items)), width, max(it.k for it in items), sampling)  # capture
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got, got_q = real_run(items, first_tokens)  # fill + replay: no host sync allowed
+            got, got_q = real_run(items, first_tokens, on_forward)  # fill + replay: no host sync allowed
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert torch.equal(got, want)
         if want_q is not None:
             assert torch.equal(got_q, want_q)
-        checked.append(len(items))
+        counts = {it.request.length - it.request.computed[DRAFT] for it in items}
+        checked.append((len(items), width, len(counts)))
         return got, got_q
 
     monkeypatch.setattr(graph_runner, "run", run)
     assert [o.token_ids for o in llm.generate(prompts, greedy)] == baseline
     sampled = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
     llm.generate(prompts, sampled)
-    assert checked
+    assert any(width == 0 for _, width, _ in checked)  # forward 0 eager (after a prefill)
+    assert any(width > 0 and distinct > 1 for _, width, distinct in checked)  # forward 0 in the graph

@@ -1,11 +1,16 @@
-"""The draft model's decode steps 1..k-1 as one fixed-shape, graph-capturable loop.
+"""The draft model's k forwards of a draft call as one fixed-shape, graph-capturable run.
 
-``run_draft`` (model_runner.py) runs draft forward 0 eagerly: it catches the draft up on the
-tokens it has not seen (variable length). From forward 1 on, every request feeds exactly one
-token, the one it sampled in the previous forward; that part is what this module runs over
-preallocated buffers of a batch-size bucket:
+``run_draft`` (model_runner.py) proposes k tokens per request. Forward 0 catches the draft up
+on the c_i tokens it has not seen (variable: 1..k+1 after a verify step) and samples the first
+draft from the last one; forwards 1..k-1 feed one token per request, the one it sampled in the
+previous forward. This module runs them over preallocated buffers of a batch-size bucket:
 
-    per forward j = 1..k-1, all on the device:
+    forward 0 (when W = max c_i <= max_catch_up), all on the device:
+      model forward              each request's catch-up padded to W rows (dummy rows: token
+                                 0, slot -1, after the real ones: a causal chain no real row
+                                 sees past), KernelAttention, LM head on each last real row
+      sample                     as below, key (seed, request, DRAFT_STREAM, req.length, 0)
+    per forward j = 1..k-1:
       draft_step_inputs_inplace  positions += 1, input ids = sampled tokens, slots through the
                                  block tables, kv_lens (rows past their own k: slot -1)
       model forward              KernelAttention: kv_write + causal tree_attention ops, with
@@ -13,14 +18,16 @@ preallocated buffers of a batch-size bucket:
       sample                     greedy argmax, or per-row sampling (row_sampling.py) with
                                  each row's parameters and Philox key held in tensors
 
-Nothing in the loop reads a value on the host, so on CUDA :class:`DraftGraphRunner` captures
-it once per (bucket, k, sampling) in a ``torch.cuda.CUDAGraph`` and replays it; the inputs of
-a run are one pinned host->device copy of the per-row fields and block tables. On CPU the
-same loop runs eagerly (used to test it against the plain draft loop).
+Nothing in it reads a value on the host, so on CUDA :class:`DraftGraphRunner` captures it once
+per (bucket, W, k, sampling) in a ``torch.cuda.CUDAGraph`` and replays it; the inputs of a run
+are ONE pinned host->device copy of a packed int64 buffer (per-row fields, block tables,
+forward 0's ids / positions / slots / logits rows / kv_lens). A catch-up wider than
+``max_catch_up`` (after a prefill) runs forward 0 eagerly in run_draft and forwards 1..k-1
+here (W = 0). On CPU the same code runs eagerly (used to test it against the plain loop).
 
 Status: the CPU path is tested (engine greedy outputs and drafts equal to the plain loop);
-the CUDA path (kernels, capture, replay) is UNVALIDATED on a GPU so far, hence off by default
-(``LLM(..., draft_graph=True)`` turns it on).
+the CUDA path of forward 0 (capture, replay) is UNVALIDATED on a GPU so far, hence off by
+default (``LLM(..., draft_graph=True)`` turns it on).
 """
 
 from __future__ import annotations
@@ -66,57 +73,94 @@ class DraftGraphConfig:
 
     max_steps: the largest k (draft tokens per request) it runs; a larger k runs the plain loop.
     max_blocks: block-table width of its buffers (draft pages per sequence at most).
-    buckets: batch sizes a batch is padded to (and, when capturing, one graph each per k and
-        sampling mode); a batch above the last bucket runs the plain loop. Empty: no padding.
+    buckets: batch sizes a batch is padded to (and, when capturing, one graph each per catch-up
+        width, k and sampling mode); a batch above the last bucket runs the plain loop. Empty:
+        no padding.
     capture: capture CUDA graphs; None: when the draft model is on a CUDA device.
+    max_catch_up: the widest forward 0 it runs (W, the largest number of tokens a request of
+        the batch catches up on); a wider one (e.g. right after a prefill) runs forward 0
+        eagerly in run_draft and forwards 1..k-1 here. None: max_steps + 1 (the most a verify
+        step leaves: k accepted drafts and the bonus token); 0: forward 0 always eager.
     """
 
     max_steps: int
     max_blocks: int
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     capture: Optional[bool] = None
+    max_catch_up: Optional[int] = None
 
 
 class _Buffers:
-    """Fixed-shape inputs, work tensors and outputs of one batch bucket."""
+    """Work tensors and outputs of one batch bucket (shared by every catch-up width)."""
 
     def __init__(self, batch: int, width: int, steps: int, device: torch.device):
-        on_device = device.type != "cpu"
-        self.host = torch.zeros((batch, _COLUMNS), dtype=torch.int64, pin_memory=on_device)
-        self.host_table = torch.full((batch, width), -1, dtype=torch.int32, pin_memory=on_device)
-        self.rows = torch.zeros_like(self.host, device=device) if on_device else self.host
-        self.table = torch.full_like(self.host_table, -1, device=device) if on_device else self.host_table
-        self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
-        self.first_tokens = torch.zeros(batch, dtype=torch.int64, device=device)  # [B] from forward 0
+        self.table = torch.full((batch, width), -1, dtype=torch.int32, device=device)  # [B, blocks]
         self.positions = torch.zeros(batch, dtype=torch.int64, device=device)     # [B]
         self.input_ids = torch.zeros(batch, dtype=torch.int64, device=device)     # [B]
         self.slot_mapping = torch.full((batch,), -1, dtype=torch.int64, device=device)
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)       # [B]
         self.query_start = torch.arange(batch + 1, dtype=torch.int32, device=device)  # one token each
-        self.tokens = torch.zeros((max(steps - 1, 1), batch), dtype=torch.int64, device=device)
-        self.probs: Optional[torch.Tensor] = None  # float32 [steps - 1, B, vocab], on first sampled run
+        # Row j: forward j's samples (row 0: forward 0's, written by the catch-up or copied in).
+        self.tokens = torch.zeros((steps, batch), dtype=torch.int64, device=device)
+        self.probs: Optional[torch.Tensor] = None  # float32 [steps, B, vocab], on first sampled run
+
+
+class _Inputs:
+    """The inputs of a run for one (bucket, catch-up width W), packed in ONE int64 buffer copied
+    host -> device once per run (from pinned staging on CUDA): the per-row table ``rows``
+    ``[B, _COLUMNS]``, the draft block tables ``[B, blocks]`` and, when W > 0, forward 0's
+    ``[B W]`` input ids, positions and slots, ``[B]`` logits rows and kv_lens. Request i owns
+    query rows [i W, (i + 1) W); its c_i real rows come first (a causal chain), then dummy rows
+    (token 0, slot -1: nothing written, and no real row sees them)."""
+
+    def __init__(self, batch: int, width: int, blocks: int, device: torch.device):
+        sizes = {"rows": (batch, _COLUMNS), "table": (batch, blocks)}
+        if width:
+            sizes.update(ids=(batch * width,), positions=(batch * width,), slots=(batch * width,),
+                         logits_index=(batch,), kv_lens=(batch,))
+        on_device = device.type != "cpu"
+        total = sum(int(np.prod(s)) for s in sizes.values())
+        self.width = width
+        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=on_device)
+        self.packed = torch.zeros_like(self.host, device=device) if on_device else self.host
+        self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
+        host_np = self.host.numpy()
+        self.fields: dict[str, np.ndarray] = {}   # numpy views of the staging
+        self.device: dict[str, torch.Tensor] = {}  # device views of the packed copy
+        offset = 0
+        for name, shape in sizes.items():
+            size = int(np.prod(shape))
+            self.fields[name] = host_np[offset:offset + size].reshape(shape)
+            self.device[name] = self.packed[offset:offset + size].view(shape)
+            offset += size
+        if width:
+            self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)
+            self.query_start = torch.arange(0, batch * width + 1, width, dtype=torch.int32, device=device)
 
 
 class DraftGraphRunner:
-    """Runs draft forwards 1..k-1 of ``run_draft`` over fixed-shape buffers (see module doc)."""
+    """Runs the draft forwards of ``run_draft`` over fixed-shape buffers (see module doc)."""
 
     def __init__(self, model: LlamaModel, pool: KVCachePool, config: DraftGraphConfig):
         reason = self.unsupported(model)
         if reason is not None:
             raise InvalidArgumentError(f"the draft graph cannot run this draft model: {reason}")
-        if config.max_steps < 1 or config.max_blocks < 1 or any(b < 1 for b in config.buckets):
+        if (config.max_steps < 1 or config.max_blocks < 1 or any(b < 1 for b in config.buckets)
+                or (config.max_catch_up is not None and config.max_catch_up < 0)):
             raise InvalidArgumentError(f"invalid DraftGraphConfig {config}")
         self.model, self.pool, self.config = model, pool, config
         self.device = model.device
         self.capture = config.capture if config.capture is not None else self.device.type == "cuda"
         if self.capture and (self.device.type != "cuda" or not config.buckets):
             raise InvalidArgumentError("CUDA graph capture needs a CUDA draft model and batch buckets")
+        self.max_catch_up = config.max_steps + 1 if config.max_catch_up is None else config.max_catch_up
         self.kv = pool.layers(DRAFT)
         self.block_size = pool.block_size(DRAFT)
         self.num_pages = pool.blocks.num_pages
         self.backend = KernelAttention()
         self._buffers: dict[int, _Buffers] = {}
-        self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._inputs: dict[tuple[int, int], _Inputs] = {}
+        self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
         self._mempool = None  # one graph memory pool shared by every captured graph
 
     @staticmethod
@@ -141,44 +185,75 @@ class DraftGraphRunner:
             return batch
         return next((b for b in sorted(self.config.buckets) if b >= batch), None)
 
-    def accepts(self, items: Sequence[WorkItem]) -> bool:
-        steps = max(it.k for it in items)
-        return 2 <= steps <= self.config.max_steps and self.bucket(len(items)) is not None
+    def catch_up_width(self, items: Sequence[WorkItem]) -> Optional[int]:
+        """W of forward 0 (the largest catch-up of ``items``) when the runner runs it, else None
+        (forward 0 then runs eagerly in run_draft)."""
+        counts = [it.request.length - it.request.computed[DRAFT] for it in items]
+        if not counts or min(counts) < 1 or max(counts) > self.max_catch_up:
+            return None
+        return max(counts)
 
-    def run(self, items: Sequence[WorkItem], first_tokens: torch.Tensor,
+    def accepts(self, items: Sequence[WorkItem]) -> bool:
+        """True when the runner runs the draft call of ``items``: all of it (``run(items)``), or
+        forwards 1..k-1 after an eager forward 0 (``run(items, first_tokens)``, k >= 2)."""
+        if not items or self.bucket(len(items)) is None:
+            return False
+        steps = max(it.k for it in items)
+        if not 1 <= steps <= self.config.max_steps:
+            return False
+        return steps >= 2 or self.catch_up_width(items) is not None
+
+    def run(self, items: Sequence[WorkItem], first_tokens: Optional[torch.Tensor] = None,
             on_forward: Optional[Callable[[int, Callable[[], object]], object]] = None,
             ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Draft forwards 1..k-1 (k = the largest item.k) after forward 0 sampled
-        ``first_tokens`` (int64 ``[n]`` on the device). Returns views of the runner's buffers,
-        valid until its next run: tokens int64 ``[k - 1, n]`` (row j-1: forward j's samples;
-        item i's drafts 2..k_i are column i's first k_i - 1 rows) and, when some item samples,
-        their float32 distributions ``[k - 1, n, vocab]`` (else None). ``on_forward(tokens,
-        run)`` is called once per forward as in run_draft; the first call runs the whole loop
-        (a graph replay cannot be split), the others run nothing."""
+        """The draft forwards of ``items`` (k = the largest item.k; ``accepts`` true).
+
+        ``first_tokens`` None (``catch_up_width(items)`` not None): all k forwards, forward 0
+        (the catch-up) included. Else ``first_tokens`` (int64 ``[n]`` on the device) are the
+        tokens an eager forward 0 sampled, and the runner runs forwards 1..k-1.
+
+        Returns views of the runner's buffers, valid until its next run: tokens int64
+        ``[f, n]`` for the f forwards run (row r: the samples of forward r, or r + 1 when
+        ``first_tokens`` is given; item i's drafts are column i's first rows) and, when some
+        item samples, their float32 distributions ``[f, n, vocab]`` (else None).
+        ``on_forward(tokens, run)`` is called once per forward as in run_draft; the first call
+        runs everything (a graph replay cannot be split), the others run nothing."""
         n, steps = len(items), max(it.k for it in items)
         sampling = any(not it.request.params.greedy for it in items)
+        width = 0
+        if first_tokens is None:
+            width = self.catch_up_width(items)
+            if width is None:
+                raise InvalidArgumentError("the draft graph runner needs forward 0's tokens for this batch")
         batch = self.bucket(n)
         buf = self._buffers_for(batch, sampling)
-        graph = self._graph(batch, steps, sampling) if self.capture else None
-        self._fill(buf, items)
-        buf.first_tokens[:n].copy_(first_tokens)
-        buf.first_tokens[n:].zero_()
+        inp = self._inputs_for(batch, width)
+        graph = self._graph(batch, width, steps, sampling) if self.capture else None
+        self._fill(inp, items)
+        if first_tokens is not None:
+            buf.tokens[0, :n].copy_(first_tokens)
+            buf.tokens[0, n:].zero_()
 
         def loop() -> None:
             if graph is not None:
                 graph.replay()
             else:
-                self._loop(buf, steps, sampling)
+                self._body(buf, inp, steps, sampling)
 
-        active = [sum(1 for it in items if it.k > j) for j in range(1, steps)]
+        first = 0 if width else 1
+        active = [sum(1 for it in items if it.k > j) for j in range(first, steps)]
+        if width:
+            active[0] = sum(it.request.length - it.request.computed[DRAFT] for it in items)
         if on_forward is None:
             loop()
-        else:
+        elif active:
             on_forward(active[0], loop)
             for tokens in active[1:]:
                 on_forward(tokens, lambda: None)
-        probs = buf.probs[:steps - 1, :n] if sampling else None
-        return buf.tokens[:steps - 1, :n], probs
+        else:
+            loop()
+        probs = buf.probs[first:steps, :n] if sampling else None
+        return buf.tokens[first:steps, :n], probs
 
     # ---- internals ----
 
@@ -192,12 +267,20 @@ class DraftGraphRunner:
             buf.probs = torch.zeros((buf.tokens.shape[0], batch, vocab), dtype=torch.float32, device=self.device)
         return buf
 
-    def _fill(self, buf: _Buffers, items: Sequence[WorkItem]) -> None:
-        """Per-row inputs of ``items`` (rows past them: inactive padding), copied to the device."""
-        if buf.uploaded is not None:
-            buf.uploaded.synchronize()  # the previous run's copy has left the pinned staging
-        n = len(items)
-        rows = np.zeros((buf.host.shape[0], _COLUMNS), dtype=np.int64)
+    def _inputs_for(self, batch: int, width: int) -> _Inputs:
+        inp = self._inputs.get((batch, width))
+        if inp is None:
+            inp = _Inputs(batch, width, self.config.max_blocks, self.device)
+            self._inputs[(batch, width)] = inp
+        return inp
+
+    def _fill(self, inp: _Inputs, items: Sequence[WorkItem]) -> None:
+        """Inputs of ``items`` (requests past them: inactive padding), copied to the device."""
+        if inp.uploaded is not None:
+            inp.uploaded.synchronize()  # the previous run's copy has left the pinned staging
+        f, n, w = inp.fields, len(items), inp.width
+        rows = f["rows"]
+        rows.fill(0)
         rows[:, _GREEDY] = 1
         rows[:, _TEMPERATURE] = rows[:, _TOP_P] = _ONE_BITS
         for i, it in enumerate(items):
@@ -205,54 +288,85 @@ class DraftGraphRunner:
             rows[i] = (req.length - 1, it.k, int(p.greedy), _float_bits(1.0 if p.greedy else p.temperature),
                        _float_bits(p.top_p), _float_bits(p.min_p), p.top_k, req.rng_seed & _MASK,
                        (req.rng_seed >> 32) & _MASK, req.rng_request & _MASK)
-        buf.host.copy_(torch.from_numpy(rows))
-        buf.host_table.fill_(-1)
+        f["table"].fill(-1)
         if n:
-            table = self.pool.blocks.block_table_padded([it.request.id for it in items], model=DRAFT,
-                                                        width=self.config.max_blocks, pad=-1)
-            buf.host_table[:n] = torch.from_numpy(table)
-        if buf.rows is not buf.host:
-            buf.rows.copy_(buf.host, non_blocking=True)
-            buf.table.copy_(buf.host_table, non_blocking=True)
-            buf.uploaded.record()
+            f["table"][:n] = self.pool.blocks.block_table_padded([it.request.id for it in items], model=DRAFT,
+                                                                width=self.config.max_blocks, pad=-1)
+        if w:
+            f["ids"].fill(0)
+            f["positions"].fill(0)
+            f["slots"].fill(-1)
+            f["kv_lens"].fill(w)  # dummy requests: no history, no pages, nothing visible
+            f["logits_index"][:] = np.arange(0, len(f["logits_index"]) * w, w)
+            for i, it in enumerate(items):
+                req = it.request
+                start, base = req.computed[DRAFT], i * w
+                c = req.length - start
+                f["ids"][base:base + c] = req.tokens[start:]
+                f["positions"][base:base + w] = req.length - 1  # dummy rows: the last real position
+                f["positions"][base:base + c] = np.arange(start, req.length)
+                f["slots"][base:base + c] = it.draft_slots[:c]
+                f["kv_lens"][i] = start + w
+                f["logits_index"][i] = base + c - 1
+        if inp.packed is not inp.host:
+            inp.packed.copy_(inp.host, non_blocking=True)
+            inp.uploaded.record()
 
-    def _loop(self, buf: _Buffers, steps: int, sampling: bool) -> None:
-        """Forwards 1..steps-1 on the buffers: the code a CUDA graph captures."""
-        buf.positions.copy_(buf.rows[:, _START])
-        num_steps = buf.rows[:, _NUM_STEPS].to(torch.int32)
-        params = _row_params(buf.rows) if sampling else None
-        sampled = buf.first_tokens
+    def _body(self, buf: _Buffers, inp: _Inputs, steps: int, sampling: bool) -> None:
+        """Forward 0 when the inputs have a catch-up width, then forwards 1..steps-1, on the
+        buffers: the code a CUDA graph captures."""
+        d = inp.device
+        rows = d["rows"]
+        buf.table.copy_(d["table"])  # int64 -> int32, on the device
+        params = _row_params(rows) if sampling else None
+        if inp.width:
+            inp.kv_lens.copy_(d["kv_lens"])
+            meta = DeviceAttentionMetadata(d["positions"], d["slots"], buf.table, inp.query_start, inp.kv_lens)
+            logits = self.model(d["ids"], meta, self.kv, d["logits_index"], backend=self.backend)  # [B, vocab]
+            # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length, 0).
+            self._sample(buf, 0, logits, params, rows[:, _START] + 1)
+        self._loop(buf, rows, steps, params)
+
+    def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, params: Optional[RowParams],
+                positions: torch.Tensor) -> None:
+        if params is not None:
+            tokens, probs = sample_rows(logits, params, DRAFT_STREAM, positions)
+            buf.probs[j].copy_(probs)
+        else:
+            tokens = torch.argmax(logits, dim=-1)
+        buf.tokens[j].copy_(tokens)
+
+    def _loop(self, buf: _Buffers, rows: torch.Tensor, steps: int, params: Optional[RowParams]) -> None:
+        """Forwards 1..steps-1 after forward 0's tokens in ``buf.tokens[0]``."""
+        buf.positions.copy_(rows[:, _START])
+        num_steps = rows[:, _NUM_STEPS].to(torch.int32)
         meta = DeviceAttentionMetadata(buf.positions, buf.slot_mapping, buf.table, buf.query_start, buf.kv_lens)
         for j in range(1, steps):
-            torch.ops.specd.draft_step_inputs_inplace(buf.table, buf.positions, sampled, buf.input_ids,
+            torch.ops.specd.draft_step_inputs_inplace(buf.table, buf.positions, buf.tokens[j - 1], buf.input_ids,
                                                       buf.slot_mapping, buf.kv_lens, self.block_size,
                                                       self.num_pages, j, num_steps)
             logits = self.model(buf.input_ids, meta, self.kv, None, backend=self.backend)  # [B, vocab]
-            if params is not None:
-                tokens, probs = sample_rows(logits, params, DRAFT_STREAM, buf.positions + 1)
-                buf.probs[j - 1].copy_(probs)
-            else:
-                tokens = torch.argmax(logits, dim=-1)
-            buf.tokens[j - 1].copy_(tokens)
-            sampled = buf.tokens[j - 1]
+            # Key (seed, request, DRAFT_STREAM, req.length + j, 0), as run_draft's forward j.
+            self._sample(buf, j, logits, params, buf.positions + 1)
 
-    def _graph(self, batch: int, steps: int, sampling: bool) -> torch.cuda.CUDAGraph:
-        key = (batch, steps, sampling)
+    def _graph(self, batch: int, width: int, steps: int, sampling: bool) -> torch.cuda.CUDAGraph:
+        key = (batch, width, steps, sampling)
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
         buf = self._buffers_for(batch, sampling)
-        self._fill(buf, [])  # every row inactive: the warm-up and the capture write no KV
-        buf.first_tokens.zero_()
+        inp = self._inputs_for(batch, width)
+        self._fill(inp, [])  # every request inactive: the warm-up and the capture write no KV
+        buf.tokens.zero_()
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            self._loop(buf, steps, sampling)  # warm-up: lazy initialisations stay out of the capture
+            self._body(buf, inp, steps, sampling)  # warm-up: lazy initialisations stay out of the capture
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._mempool):
-            self._loop(buf, steps, sampling)
+            self._body(buf, inp, steps, sampling)
         if self._mempool is None:
             self._mempool = graph.pool()
         self._graphs[key] = graph

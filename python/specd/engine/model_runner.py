@@ -116,15 +116,19 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     sampled from (row j: the distribution of draft j+1); None for greedy requests.
     ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them).
 
-    ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs forwards 1..k-1 as one
-    fixed-shape step loop (a CUDA graph replay on GPUs); the engine passes its runner when
-    ``LLM(..., draft_graph=True)``. Off by default until validated on a GPU; forward 0 (the
-    catch-up) always runs here, and batches the runner does not accept (another model or
-    pool, k or batch size past its buffers) run the plain loop."""
+    ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs the draft forwards over
+    fixed-shape buffers (one CUDA graph replay on GPUs); the engine passes its runner when
+    ``LLM(..., draft_graph=True)``. Off by default until validated on a GPU. When every
+    request's catch-up fits its buffers (``graph.catch_up_width``) the runner runs all k
+    forwards, forward 0 included; otherwise forward 0 runs here and the runner forwards
+    1..k-1. Batches the runner does not accept (another model or pool, k or batch size past
+    its buffers) run the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
     if graph is not None and (graph.model is not model or graph.pool is not pool or not graph.accepts(items)):
         graph = None
+    if graph is not None and graph.catch_up_width(items) is not None:
+        return _finish_with_graph(graph, items, None, None, on_forward)  # forward 0 in the graph too
     sampled: list[list[torch.Tensor]] = [[] for _ in items]
     dists: list[list[torch.Tensor]] = [[] for _ in items]
     for j in range(1 if graph is not None else steps):
@@ -162,9 +166,18 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     return drafts, [torch.stack(d) if d else None for d in dists]
 
 
-def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Tensor]],
-                       dists: list[list[torch.Tensor]], on_forward) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
-    """Forwards 1..k-1 through the draft graph runner, after forward 0 above."""
+def _finish_with_graph(graph, items: list[WorkItem], sampled: Optional[list[list[torch.Tensor]]],
+                       dists: Optional[list[list[torch.Tensor]]], on_forward,
+                       ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+    """The draft call through the draft graph runner: all k forwards (``sampled`` None), or
+    forwards 1..k-1 after forward 0 above (``sampled``/``dists``: forward 0's tokens and
+    distributions)."""
+    if sampled is None:
+        tokens, probs = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None
+        rows = tokens.T.tolist()  # the one host sync, after the loop
+        drafts = [row[:it.k] for row, it in zip(rows, items)]
+        return drafts, [None if it.request.params.greedy else probs[:it.k, i].clone()  # buffers are reused
+                        for i, it in enumerate(items)]
     first = torch.stack([s[0] for s in sampled])  # [n] forward 0's tokens, on the device
     tokens, probs = graph.run(items, first, on_forward)  # [k - 1, n], [k - 1, n, vocab] or None
     rows = torch.cat([first[None], tokens]).T.tolist()  # the one host sync, after the loop
