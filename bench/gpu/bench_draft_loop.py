@@ -24,16 +24,19 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
   host us/step   wall - gpu: the host-side overhead per draft step (Python, launches, host
                  synchronisations) that the GPU waits for. Medians over up to 6 draft calls per
                  run (the first call of a run, which catches the draft up on the prompts, skipped).
-  loop host us/step  graph modes only: host time of the graph runner's call (inputs copied,
-                 loop launched or replayed; no synchronisation) / its draft forwards (k - 1):
-                 the host-side overhead per draft step of the part of the loop that runs on
-                 the device buffers (forward 0, the variable-length catch-up, stays eager and
-                 is in wall us/step)
+  loop host us/step  graph modes only: host time of the graph runner's call inside the
+                 probe's wall-clock re-run (inputs packed and copied, graph replayed or loop
+                 launched; no synchronisation in it) / the draft forwards it runs (k when
+                 forward 0, the catch-up, runs in the runner; k - 1 when forward 0 ran eagerly
+                 before it): the host-side overhead per draft step of the device-side loop
   target ms/step, step ms: the engine's target forward time and whole step time per step
                  (the last mode also runs verify steps through the target graph runner)
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
                  whether the outputs equal those of the case's first mode (greedy speculation is
-                 lossless, so every mode must produce the same tokens).
+                 lossless, so every mode must produce the same tokens; the target-graph mode
+                 verifies with the attention kernels while the others verify with torch SDPA,
+                 so in bf16 it is also compared with plain decoding through the target graph,
+                 i.e. with the same attention numerics).
 Re-running a draft call is harmless: it writes the same KV rows with the same values and
 returns the same drafts. --budget-s (default 120): cases not started by then (or predicted to
 end after it) are skipped and listed as skipped. --smoke-cpu: tiny float32 models on the CPU,
@@ -113,8 +116,8 @@ class DraftProbe:
     the first), re-runs the call without the engine's timer (synchronised wall clock) and under
     the profiler (GPU busy time), then runs it for the engine as usual (module doc)."""
 
-    def __init__(self, real, cuda: bool):
-        self.real, self.cuda = real, cuda
+    def __init__(self, real, cuda: bool, loop_probe: Optional["RunnerProbe"] = None):
+        self.real, self.cuda, self.loop_probe = real, cuda, loop_probe
         self.enabled, self.seen, self.samples, self.errors = False, 0, [], []
 
     def reset(self, enabled: bool) -> None:
@@ -127,7 +130,11 @@ class DraftProbe:
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
+            if self.loop_probe is not None:
+                self.loop_probe.enabled = True
             run()
+            if self.loop_probe is not None:
+                self.loop_probe.enabled = False
             if self.cuda:
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e6
@@ -151,8 +158,9 @@ class DraftProbe:
 
 
 class RunnerProbe:
-    """Wraps DraftGraphRunner.run while enabled: host seconds of each call (no sync) and its
-    draft forwards (k - 1)."""
+    """Wraps DraftGraphRunner.run: host microseconds of the calls made inside DraftProbe's
+    wall-clock re-run (no engine timer, no synchronisation inside the call), per draft
+    forward the call runs (k with forward 0 in the runner, else k - 1)."""
 
     def __init__(self, real):
         self.real, self.enabled, self.samples = real, False, []
@@ -163,11 +171,12 @@ class RunnerProbe:
     def install(self, cls) -> None:
         probe = self
 
-        def run(runner, items, first_tokens, on_forward=None):
+        def run(runner, items, first_tokens=None, on_forward=None):
             t0 = time.perf_counter()
             out = probe.real(runner, items, first_tokens, on_forward)
             if probe.enabled:
-                probe.samples.append(((time.perf_counter() - t0) * 1e6, max(it.k for it in items) - 1))
+                steps = max(it.k for it in items) - (0 if first_tokens is None else 1)
+                probe.samples.append(((time.perf_counter() - t0) * 1e6, steps))
             return out
 
         cls.run = run
@@ -204,10 +213,20 @@ def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftPro
               "draft_forwards": t.draft_forwards, "target_ms_per_step": 1e3 * t.target_forward_s / max(1, t.steps),
               "step_ms": 1e3 * t.step_s / max(1, t.steps), "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
               "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
+    if mode == MODES[3]:
+        # The verify pass now attends with the kernels, plain decoding with torch SDPA: in bf16
+        # their rounding differs. Lossless means equal to plain decoding with the same
+        # numerics: plain decoding through the target graph (decode steps are 1-row verifies).
+        plain = specd.LLM.from_models(target, None, specd.SpeculationConfig(method="none"), device=target.device,
+                                      max_num_seqs=batch, max_model_len=2048,
+                                      num_kv_pages=4096 if target.device.type == "cuda" else 256, target_graph=True)
+        result["same_as_plain_with_kernel_attention"] = (
+            [o.token_ids for o in plain.generate(prompts[:batch], params)] == [o.token_ids for o in outs])
+        del plain
     probe.reset(True)  # a third run, probed (the probe re-runs draft calls: not timed above)
-    loop_probe.reset(mode != MODES[0])
+    loop_probe.reset(False)  # enabled by the draft probe around its wall-clock re-runs
     llm.generate(prompts[:batch], params)
-    probe.enabled = loop_probe.enabled = False
+    probe.enabled = False
     result.update(probe.summary())
     result.update(loop_probe.summary())
     return result, [o.token_ids for o in outs]
@@ -227,7 +246,9 @@ def print_row(r: dict) -> None:
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
           f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('loop_host_us_per_step'), 17)} "
           f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
-          f"{r['same_outputs_as_first_mode']}", flush=True)
+          f"{r['same_outputs_as_first_mode']}"
+          + (f" (equal to plain decoding with kernel attention: {r['same_as_plain_with_kernel_attention']})"
+             if "same_as_plain_with_kernel_attention" in r else ""), flush=True)
 
 
 def main(argv=None) -> int:
@@ -274,10 +295,10 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target_cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(16, 200, (max(b for b, _ in sizes),), generator=gen)]
-    probe = DraftProbe(model_runner.run_draft, dev == "cuda")
-    model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
     loop_probe = RunnerProbe(DraftGraphRunner.run)
     loop_probe.install(DraftGraphRunner)  # this script only
+    probe = DraftProbe(model_runner.run_draft, dev == "cuda", loop_probe)
+    model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1)}
