@@ -201,13 +201,29 @@ def test_target_graph_option_errors(pair):
     target, draft, _, _ = pair
     with pytest.raises(errors.InvalidArgumentError, match="float32 only"):
         specd.LLM(target, dtype="bfloat16", target_graph=True)
-    assert specd.LLM(target).target_graph is None  # off by default
+    assert specd.LLM(target).target_graph is None  # default: off on a CPU
     plain = specd.LLM(target, target_graph=True)  # no speculation: q = 1
     assert plain.target_graph.config.max_query == 1 and plain.target_graph.config.buckets == ()
     with pytest.raises(errors.InvalidArgumentError, match="capture"):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=2, max_blocks=4, capture=True))
     with pytest.raises(errors.InvalidArgumentError, match="invalid TargetGraphConfig"):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=0, max_blocks=4))
+
+
+def test_graph_runners_default_on_cuda_only():
+    """draft_graph / target_graph = None: on for a supported model on a CUDA device with the
+    wall-clock timer; explicit flags win; CPU models, synthetic timers and unsupported models
+    stay on the torch path."""
+    from specd.engine.llm import _graph_wanted
+
+    class OnDevice:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    assert not _graph_wanted(None, None, None)  # no draft model
+    assert not _graph_wanted(None, OnDevice("cpu"), None)
+    assert not _graph_wanted(None, OnDevice("cuda"), None)  # not a LlamaModel: unsupported
+    assert _graph_wanted(True, OnDevice("cpu"), None) and not _graph_wanted(False, OnDevice("cuda"), None)
 
 
 # ---- GPU ----
@@ -222,6 +238,17 @@ def cuda():
     if not ops.HAS_CUDA_KERNELS:
         pytest.skip("specd built without CUDA kernels (kv_write / tree_attention on cuda)")
     return torch.device("cuda")
+
+
+def test_gpu_runners_are_on_by_default(pair, cuda):
+    """On a CUDA device both runners are on unless turned off (not yet run on a GPU: the auto
+    rule was added after the last GPU session)."""
+    target, _, _, _ = pair
+    llm = specd.LLM(target, target, specd.SpeculationConfig(method="draft", num_speculative_tokens=2),
+                    device="cuda", dtype="float32")
+    assert llm.target_graph is not None and llm.draft_graph is not None
+    off = specd.LLM(target, device="cuda", dtype="float32", target_graph=False)
+    assert off.target_graph is None
 
 
 @pytest.mark.parametrize("spec", ["ngram-tree", "draft"])

@@ -53,8 +53,8 @@ class Engine:
         self.scheduler = Scheduler(pool, scheduler_config, policy)
         self.proposers = self._make_proposers(speculation)
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
-        self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM(..., draft_graph=True))
-        self.target_graph = None  # a TargetGraphRunner for verify steps (LLM(..., target_graph=True))
+        self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
+        self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
         self.steps = 0
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,

@@ -29,6 +29,18 @@ Prompt = Union[str, Sequence[int]]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def _graph_wanted(flag: Optional[bool], model, timer) -> bool:
+    """An explicit flag as given; None (auto): a LlamaModel on a CUDA device that the graph
+    runners support, timed by the wall clock (not a synthetic timer)."""
+    if flag is not None:
+        return bool(flag)
+    from specd.engine.draft_graph import DraftGraphRunner
+
+    device = getattr(model, "device", None)
+    return (timer is None and device is not None and device.type == "cuda"
+            and DraftGraphRunner.unsupported(model) is None)
+
+
 def _dtype(dtype, device) -> torch.dtype:
     if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
         return dtype
@@ -56,13 +68,17 @@ class LLM:
     policy: a SpeculationPolicy object or a registered policy name ("none", "static",
         "switch_off", "goodput" or a plugin's); default: speculation.policy.
     timer: how forwards and steps are timed (specd.engine.timer; default wall clock).
-    draft_graph: run the draft model's forwards 1..k-1 as one fixed-shape step loop over device
-        buffers (custom-op attention; CUDA graphs per batch-size bucket on a GPU; see
-        specd.engine.draft_graph). Default off until validated on a GPU.
-    target_graph: run verify steps without a prefill chunk (every request verifying its root
-        and drafts, padded to one query length) as one fixed-shape target forward over device
-        buffers (custom-op tree attention; a CUDA graph per batch-size bucket and query length
-        on a GPU; see specd.engine.target_graph). Default off until validated on a GPU.
+    draft_graph: run the draft model's forwards (the catch-up and the k-step loop) as one
+        fixed-shape loop over device buffers (custom-op attention; CUDA graphs per batch-size
+        bucket on a GPU; see specd.engine.draft_graph). None (default): on when the draft
+        model is on a CUDA device and the runner supports it (validated on an H100), else off.
+    target_graph: run steps without a prefill chunk (every request verifying its root and
+        drafts, padded to one query length; plain decoding steps are 1-row verifies) as one
+        fixed-shape target forward over device buffers (custom-op tree attention; a CUDA graph
+        per batch-size bucket and query length on a GPU; see specd.engine.target_graph). None
+        (default): on when the target is on a CUDA device and the runner supports it, also
+        without speculation, so that plain and speculative decoding attend with the same
+        kernels (greedy outputs equal token for token); else off.
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -70,8 +86,8 @@ class LLM:
                  kv_cache_memory: int = 256 << 20, num_kv_pages: Optional[int] = None, block_size: int = 16,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
-                 policy: Union[str, SpeculationPolicy, None] = None, timer=None, draft_graph: bool = False,
-                 target_graph: bool = False):
+                 policy: Union[str, SpeculationPolicy, None] = None, timer=None,
+                 draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -93,7 +109,7 @@ class LLM:
                     num_kv_pages: Optional[int] = None, block_size: int = 16, max_num_seqs: int = 32,
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
-                    draft_graph: bool = False, target_graph: bool = False) -> "LLM":
+                    draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -122,7 +138,7 @@ class LLM:
 
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-               seed, policy, timer, draft_graph=False, target_graph=False) -> None:
+               seed, policy, timer, draft_graph=None, target_graph=None) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         tc = target_model.config
@@ -143,9 +159,10 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),
             timer=timer)
-        self.draft_graph = self._make_draft_graph(speculation, max_num_seqs) if draft_graph else None
+        self.draft_graph = (self._make_draft_graph(speculation, max_num_seqs)
+                            if _graph_wanted(draft_graph, self.draft, timer) else None)
         self.target_graph = (self._make_target_graph(speculation, max_num_seqs, max_num_batched_tokens)
-                             if target_graph else None)
+                             if _graph_wanted(target_graph, self.target, timer) else None)
         self.seed = seed
         self._next_id = 0
 

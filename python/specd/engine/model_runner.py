@@ -98,8 +98,8 @@ def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
 
     ``graph``: a TargetGraphRunner (engine/target_graph.py) that runs pure verify steps (no
     prefill chunk in the batch) over fixed-shape buffers (a CUDA graph replay on GPUs); the
-    engine passes its runner when ``LLM(..., target_graph=True)``. Off by default until
-    validated on a GPU; steps it does not accept (prefill, another model or pool, q or batch
+    engine passes its runner when ``LLM(..., target_graph=...)`` is on (by default on
+    CUDA devices); steps it does not accept (prefill, another model or pool, q or batch
     size past its buffers) run the varlen forward below."""
     if graph is not None and graph.model is model and graph.pool is pool and graph.accepts(items, trees):
         return graph.run(items, trees)
@@ -118,7 +118,7 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
 
     ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs the draft forwards over
     fixed-shape buffers (one CUDA graph replay on GPUs); the engine passes its runner when
-    ``LLM(..., draft_graph=True)``. Off by default until validated on a GPU. When every
+    ``LLM(..., draft_graph=...)`` is on (by default on CUDA devices). When every
     request's catch-up fits its buffers (``graph.catch_up_width``) the runner runs all k
     forwards, forward 0 included; otherwise forward 0 runs here and the runner forwards
     1..k-1. Batches the runner does not accept (another model or pool, k or batch size past

@@ -35,8 +35,8 @@ above ``max_query``, more than ``max_tokens`` padded rows, a block table wider t
 buffers) run the plain path.
 
 Status: the CPU path is tested (engine outputs equal plain decoding); the CUDA path (capture,
-replay, the kernels) is UNVALIDATED on a GPU so far, hence off by default
-(``LLM(..., target_graph=True)`` turns it on).
+replay, the kernels) is validated on an H100 (docs/benchmarks.md, 2026-11-22). ``LLM`` turns it on by default for a target on a CUDA device,
+with or without speculation (``target_graph=False`` turns it off).
 """
 
 from __future__ import annotations
