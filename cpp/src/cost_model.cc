@@ -50,30 +50,36 @@ Status CostModel::observe(int64_t tokens, double seconds) {
 
 int64_t CostModel::explored_limit(int64_t tokens) const {
   const int64_t from = std::clamp<int64_t>(tokens, 1, config_.max_tokens);
-  const std::size_t start = std::min(bucket_of(from), buckets_.size() - 1);
-  const auto measured = [&](std::size_t b) { return b == start || buckets_[b].weight > 0; };
-  const auto count_of = [&](std::size_t b) { return buckets_[b].weight > 0 ? buckets_[b].tokens : static_cast<double>(from); };
-  std::size_t below = start;     // the nearest measured bucket under b
-  bool previous_measured = true;  // the bucket just under b (empty-range buckets skipped)
-  std::size_t b = start + 1;
-  for (; b < buckets_.size(); ++b) {
-    if (edge(b + 1) <= edge(b)) continue;  // a bucket no count falls into
-    const bool here = measured(b);
-    if (here || previous_measured) {
-      if (here) below = b;
-      previous_measured = here;
-      continue;
-    }
-    std::size_t above = b + 1;  // bracketed by measurements at most a factor 2 apart
-    while (above < buckets_.size() && buckets_[above].weight <= 0) ++above;
-    if (above < buckets_.size() && buckets_[above].tokens <= 2.0 * count_of(below)) {
-      previous_measured = false;
-      continue;
-    }
-    break;
+  // Climb from `from` (the step about to run measures it) through measured buckets, each at
+  // most twice the count reached so far; the limit is twice the count reached.
+  double reached = static_cast<double>(from);
+  for (std::size_t b = std::min(bucket_of(from), buckets_.size() - 1) + 1; b < buckets_.size(); ++b) {
+    if (buckets_[b].weight <= 0) continue;
+    if (static_cast<double>(edge(b)) > 2.0 * reached) break;  // its smallest count: a mean may sit higher
+    reached = std::max(reached, buckets_[b].tokens);
   }
-  // b: the first bucket not reachable; the limit is the last count below it.
-  return b < buckets_.size() ? std::max(from, edge(b) - 1) : config_.max_tokens;
+  const double limit = std::floor(2.0 * reached);
+  return limit >= static_cast<double>(config_.max_tokens) ? config_.max_tokens : std::max(from, static_cast<int64_t>(limit));
+}
+
+std::vector<std::pair<double, double>> CostModel::measured() const {
+  std::vector<std::pair<double, double>> out;
+  for (const Bucket& b : buckets_)
+    if (b.weight > 0) out.emplace_back(b.tokens, b.seconds);
+  return out;
+}
+
+CostModel CostModel::shaped_like(const CostModel& shape) const {
+  const auto own = measured();
+  if (own.size() != 1 || !shape.has_data()) return *this;
+  const double at = shape.predict(static_cast<int64_t>(std::llround(own[0].first)));
+  if (!(at > 0)) return *this;
+  const double ratio = own[0].second / at;
+  CostModel scaled(config_);
+  for (const auto& [tokens, seconds] : shape.measured())
+    (void)scaled.observe(std::clamp<int64_t>(std::llround(tokens), 1, config_.max_tokens), seconds * ratio);
+  (void)scaled.observe(std::clamp<int64_t>(std::llround(own[0].first), 1, config_.max_tokens), own[0].second);
+  return scaled;
 }
 
 double CostModel::slope() const {

@@ -63,7 +63,7 @@ Status GoodputController::validate_config() const {
 
 StepCostModel GoodputController::costs(double reference, int64_t base_tokens) const {
   const int64_t limit = base_tokens > 0 ? target_.explored_limit(base_tokens) : 0;
-  return StepCostModel{&target_, uses_draft() ? &draft_ : nullptr, overhead_, reference, limit};
+  return StepCostModel{&target_, uses_draft() ? &draft_view_ : nullptr, overhead_, reference, limit};
 }
 
 std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap) const {
@@ -89,6 +89,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   }
   const std::size_t n = batch.size();
   decisions_out->assign(n, ControllerDecision{});
+  draft_view_ = draft_.shaped_like(target_);
   for (const ControllerRequest& r : batch) load_.arrive(r.id, r.base_tokens, r.remaining_tokens);
   if (n == 0) return Status::Ok();
 
@@ -181,12 +182,12 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     verified += plan->k[i];
     users += (plan->k[i] > 0 && plan->option[i] == d) ? 1 : 0;
   }
-  const double draft_token = std::max(0.0, draft_.predict(users + 1) - draft_.predict(users));
+  const double draft_token = std::max(0.0, draft_view_.predict(users + 1) - draft_view_.predict(users));
   // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
   // do, scaled by the two models' forward times; before the draft was ever timed, as much as
   // the target's (the first catch-up is not free: on a CPU it can take seconds).
   const double ratio = !draft_.has_data() ? 1.0
-                       : target_.predict(1) > 0 ? draft_.predict(1) / target_.predict(1) : 0.0;
+                       : target_.predict(1) > 0 ? draft_view_.predict(1) / target_.predict(1) : 0.0;
   std::vector<bool> invest(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     if (behind[i] == 0) {
@@ -200,7 +201,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     const double per_step = extra / goodput - delta;
     const double steps_left = static_cast<double>(batch[i].remaining_tokens) / (1.0 + extra);
     const int64_t base = users + 1;
-    const double wait = std::max({draft_.predict(base + behind[i]) - draft_.predict(base),
+    const double wait = std::max({draft_view_.predict(base + behind[i]) - draft_view_.predict(base),
                                   ratio * (target_.predict(verified + behind[i]) - target_.predict(verified)), 0.0});
     invest[i] = steps_left * per_step > wait;
   }

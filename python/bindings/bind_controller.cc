@@ -69,6 +69,8 @@ void bind_controller(py::module_& m) {
       .def("observe", [](CostModel& c, int64_t tokens, double seconds) { check(c.observe(tokens, seconds)); },
            py::arg("tokens"), py::arg("seconds"))
       .def("predict", &CostModel::predict, py::arg("tokens"))
+      .def("explored_limit", &CostModel::explored_limit, py::arg("tokens"),
+           "the largest token count the controller plans for from a step of `tokens` tokens")
       .def_property_readonly("has_data", &CostModel::has_data)
       .def_property_readonly("samples", &CostModel::samples)
       .def_property_readonly("slope", &CostModel::slope)

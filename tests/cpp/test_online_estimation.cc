@@ -57,29 +57,48 @@ TEST(CostModel, ExtrapolationAndValidation) {
   SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);
 }
 
-// The exploration limit: a bucket beyond what was measured, or between measurements at most
-// a factor 2 apart; never an interpolation across a wide gap (the CPU trap: T(1) and a
+// The exploration limit: at most twice what was measured (bridging measured sizes at most a
+// factor 2 apart); never an interpolation across a wide gap (the CPU trap: T(1) and a
 // prefill's T(104) measured, T(2) really twice T(1)).
-TEST(CostModel, ExploredLimitReachesOneBucketBeyondMeasurements) {
+TEST(CostModel, ExploredLimitIsTwiceWhatWasMeasured) {
   CostModel m;
-  EXPECT_EQ(m.explored_limit(1), 2);  // nothing measured: the step's own bucket and the next
+  EXPECT_EQ(m.explored_limit(1), 2);  // nothing measured: the step itself, doubled
+  EXPECT_EQ(m.explored_limit(5), 10);
   SPECD_ASSERT_OK(m.observe(1, 0.37));
   SPECD_ASSERT_OK(m.observe(104, 2.44));
   EXPECT_EQ(m.explored_limit(1), 2);  // not 3..104: the interpolation is a guess
   SPECD_ASSERT_OK(m.observe(2, 0.73));
-  EXPECT_EQ(m.explored_limit(1), 3);
-  EXPECT_EQ(m.explored_limit(2), 3);
+  EXPECT_EQ(m.explored_limit(1), 4);
+  EXPECT_EQ(m.explored_limit(2), 4);
   for (int64_t n = 3; n <= 7; ++n) SPECD_ASSERT_OK(m.observe(n, 0.8));
-  EXPECT_EQ(m.explored_limit(1), 9);   // 8 and 9 share a bucket: one past 7
-  EXPECT_EQ(m.explored_limit(200), 255);  // from an unmeasured size: its bucket [192, 224) and the next
-  EXPECT_GE(m.explored_limit(5000), 5000);
-  // Measurements at most a factor 2 apart bracket the sizes between them.
-  CostModel sparse;
-  for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(sparse.observe(n, 0.01));
-  EXPECT_EQ(sparse.explored_limit(1), 47);  // 32's bucket [32, 40) and the next
+  EXPECT_EQ(m.explored_limit(1), 14);
+  SPECD_ASSERT_OK(m.observe(14, 0.9));
+  SPECD_ASSERT_OK(m.observe(28, 1.0));
+  SPECD_ASSERT_OK(m.observe(56, 1.5));
+  EXPECT_EQ(m.explored_limit(1), 208);   // ... 56, 104 (within 2x of 56): twice 104
+  EXPECT_EQ(m.explored_limit(300), 600);  // from an unmeasured size: itself, doubled
   CostModel wide;
   for (int64_t n : {1, 2, 16}) SPECD_ASSERT_OK(wide.observe(n, 0.01));
-  EXPECT_EQ(wide.explored_limit(1), 3);  // 2 and 16 are 8x apart
+  EXPECT_EQ(wide.explored_limit(1), 4);  // 2 and 16 are 8x apart
+  EXPECT_EQ(wide.explored_limit(9), 32);  // 16 is within 2x of 9
+}
+
+// A draft measured once, on a 150-token catch-up, is planned with the target's shape through
+// that measurement instead of flat at the catch-up's time.
+TEST(CostModel, ShapedLikeTheTargetUntilTwoSizesAreMeasured) {
+  CostModel target, draft;
+  for (int64_t n : {1, 2, 4, 8, 16, 64, 150}) SPECD_ASSERT_OK(target.observe(n, 0.020 + 0.0002 * n));
+  SPECD_ASSERT_OK(draft.observe(150, 0.010));
+  EXPECT_EQ(draft.predict(1), 0.010);  // flat below its one size
+  const CostModel view = draft.shaped_like(target);
+  const double ratio = 0.010 / (0.020 + 0.0002 * 150);
+  EXPECT_NEAR(view.predict(1), ratio * 0.0202, 1e-9);
+  EXPECT_NEAR(view.predict(150), 0.010, 1e-9);
+  EXPECT_NEAR(view.predict(16), ratio * 0.0232, 1e-9);
+  SPECD_ASSERT_OK(draft.observe(1, 0.004));  // a second size: the draft's own curve
+  EXPECT_EQ(draft.shaped_like(target).predict(1), 0.004);
+  EXPECT_EQ(CostModel().shaped_like(target).has_data(), false);
+  EXPECT_EQ(draft.shaped_like(CostModel()).predict(1), 0.004);
 }
 
 // Chains of depth k where each draft is accepted with probability alpha (given its parent).

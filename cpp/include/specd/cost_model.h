@@ -19,15 +19,25 @@
 // - Exploration (explored_limit): interpolation is a guess wherever no sample fell, and on
 //   some machines a wrong one (a CPU forward of 2 tokens can cost twice one of 1, although
 //   one of 1 and one of 100 put a line far below that). A controller should therefore bet
-//   only one bucket beyond what it has measured: explored_limit(n) is the largest count it
-//   may plan for a step that processes at least n tokens. Buckets above n's are reachable
-//   while each has data or the bucket below it has data (n's own bucket counts as measured:
-//   the step about to run measures it); the limit is the last count of the last reachable
-//   bucket. Larger steps become reachable as they are measured, one bucket at a time.
+//   at most a factor 2 beyond what it has measured: explored_limit(n) is the largest count
+//   it may plan for a step that processes at least n tokens. Starting at n (the step about
+//   to run measures it), it climbs through measured buckets while each one's smallest count
+//   is at most twice the count reached so far (reaching the bucket's mean count); the limit
+//   is twice the count reached. Steps thus grow
+//   geometrically into unmeasured sizes (1, 2, 4, 8, ... on a fresh model), each size being
+//   measured before the next doubling, and a batch of n can always give every request one
+//   draft token (a one-size-at-a-time rule could trap a controller whose smallest bet does
+//   not pay for the draft's fixed cost while a larger one would).
+// - A model measured at one size only (a draft model that so far ran only a prompt's
+//   catch-up) predicts that time flat for every size, which can make its single-token
+//   forwards look several times too expensive. shaped_like(target) gives the controller a
+//   better guess until a second size is measured: the target's curve scaled so that it
+//   passes through the one measurement.
 // Nothing needs tuning by a user; the decay is a fixed default.
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "specd/status.h"
@@ -50,6 +60,11 @@ class CostModel {
   // least `tokens`.
   int64_t explored_limit(int64_t tokens) const;
   bool has_data() const { return samples_ > 0; }
+  // (mean tokens, mean seconds) of every bucket with data, by increasing size.
+  std::vector<std::pair<double, double>> measured() const;
+  // A model with `shape`'s curve scaled through this one's single measured size (rules
+  // above); this model itself when it has two sizes or more, or when either has none.
+  CostModel shaped_like(const CostModel& shape) const;
   int64_t samples() const { return samples_; }
   // The least-squares line: seconds ~ intercept + slope * tokens.
   double slope() const;

@@ -23,10 +23,13 @@
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
 // Exploration of costs: steps 3 and 5 plan the target's forward only up to
-//    CostModel::explored_limit of their base tokens, one bucket beyond measured sizes, so
-//    the cost curve is learned a bucket at a time instead of trusting an interpolation
-//    (on a CPU, T(2) can be twice T(1) while T(1) and a prefill's T(100) suggest 1.05x).
+//    CostModel::explored_limit of their base tokens, at most twice measured sizes, so the
+//    cost curve is learned by doublings instead of trusting an interpolation (on a CPU,
+//    T(2) can be twice T(1) while T(1) and a prefill's T(100) suggest 1.05x).
 //    The forecast of 4 plans without the limit: it describes later steps.
+// Draft costs: until the draft model has been timed at two sizes (at first it typically ran
+//    only a prompt's catch-up), its curve is planned as the target's, scaled through its one
+//    measurement (CostModel::shaped_like), not flat at the catch-up's time.
 // 6. Proposers a request could use but does not use this step fade in its acceptance
 //    estimate (AcceptanceEstimator::idle), so a request switched off is retried later.
 // Before the target has cost data every k is 0 (plain decoding is the first measurement).
@@ -109,6 +112,7 @@ class GoodputController {
   int32_t draft_proposer_ = -1;
   AcceptanceEstimator estimator_;
   CostModel target_, draft_;
+  CostModel draft_view_;  // what decide() plans with: draft_, or shaped like the target (cost_model.h)
   double overhead_ = 0.0;
   int64_t steps_ = 0;
   LoadForecast load_;
