@@ -142,15 +142,19 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
 def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[PolicySpec],
           prompts: Sequence[list[int]], rates: Sequence[float], requests: int, max_tokens: int, clock: str,
           expected: Optional[Sequence[list[int]]] = None, seed: int = 0,
-          log: Callable[[str], None] = print) -> list[dict]:
-    """Every policy at every rate (same arrivals for all policies of a rate); one summary row each."""
+          log: Callable[[str], None] = print, warmup: Optional[list[int]] = None) -> list[dict]:
+    """Every policy at every rate (same arrivals for all policies of a rate); one summary row each.
+    ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
+    policy; a held-out prompt, so no proposer's cache has seen the timed ones)."""
     rows = []
     for r, rate in enumerate(rates):
         arrivals = poisson_arrivals(rate, requests, seed + r)
         for spec in policies:
             t = time.perf_counter()
-            res = run_load(make_llm(spec.speculation), prompts, arrivals, max_tokens, clock, expected,
-                           spec.label, rate)
+            llm = make_llm(spec.speculation)
+            if warmup is not None:
+                llm.generate([list(warmup)], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+            res = run_load(llm, prompts, arrivals, max_tokens, clock, expected, spec.label, rate)
             rows.append(res.summary())
             log(f"rate {rate:.3g}/s {spec.label}: mean latency {rows[-1]['latency_mean_s']:.3f} s, "
                 f"mean k {rows[-1]['mean_k']:.2f} ({time.perf_counter() - t:.1f} s)")

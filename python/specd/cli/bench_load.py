@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     log = lambda m: print(f"[specd bench load] {m}", file=sys.stderr, flush=True)  # noqa: E731
     setup = (_simulated if sim else _real)(args, target, draft, method, log)
     make_llm, prompts, expected, clock, title, extra = setup
+    warmup = extra.pop("warmup", None)
     policies = load.default_policies(method, switch_off_batch=args.switch_off_batch)
     rates = args.rates
     if rates is None:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         rates = [base * m for m in ((0.5, 2, 8, 32, 128) if sim else (0.5, 32))]
         log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
     rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
-                      args.seed, log)
+                      args.seed, log, warmup=warmup)
     cmp = load.compare(rows)
     print(title)
     print(load.table(rows))
@@ -182,6 +183,8 @@ def _real(args, target, draft, method, log):
                                             for p in load_prompts(t.tokenizer)],
                                            t.config.max_position_embeddings - args.max_tokens - 16, log)]
     prompts.sort(key=len)
+    # The shortest prompt beyond the timed ones warms every LLM up (untimed), when there is one.
+    held_out = prompts[args.requests] if len(prompts) > args.requests else None
     prompts = prompts[:min(len(prompts), args.requests)]
 
     def make_llm(spec):
@@ -194,4 +197,6 @@ def _real(args, target, draft, method, log):
     title = (f"specd bench load: real models {Path(target).name} / {Path(draft).name if draft else '-'} on this "
              f"machine (wall clock, dtype {args.dtype}); {args.requests} requests x {args.max_tokens} tokens per "
              f"rate; max batch {args.max_num_seqs}; method {method}")
-    return make_llm, prompts, expected, "wall", title, {"synthetic": False}
+    if held_out is not None:
+        title += f"; each LLM first serves one untimed warm-up request ({len(held_out)}-token held-out prompt)"
+    return make_llm, prompts, expected, "wall", title, {"synthetic": False, "warmup": held_out}
