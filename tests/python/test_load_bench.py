@@ -69,6 +69,25 @@ def test_run_load_on_the_virtual_clock(world):
         load.run_load(llm, w.prompts[:1], [0.0], MAX_TOKENS, "sundial")
 
 
+def test_sweep_warms_every_llm_up_untimed(world):
+    """warmup: each policy's LLM serves the held-out prompt once before its arrivals; the
+    timed rows are unchanged in shape (its latency is not counted) and outputs stay exact."""
+    w, _ = world
+    made = []
+
+    def make_llm(spec):
+        llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=2,
+                                    timer=SyntheticTimer(GPUProfile(step_overhead=0.0)))
+        made.append(llm)
+        return llm
+
+    policies = [load.PolicySpec("none", specd.SpeculationConfig(method="none"))]
+    rows = load.sweep(make_llm, policies, w.prompts[:2], [1.0], 2, MAX_TOKENS, "virtual", w.outputs[:2],
+                      log=lambda m: None, warmup=w.prompts[2])
+    assert len(rows) == 1 and rows[0]["requests"] == 2 and rows[0]["identical_outputs"]
+    assert len(made) == 1 and made[0]._next_id == 3  # request ids handed out: the warm-up + 2 timed
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)

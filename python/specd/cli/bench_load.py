@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
         description="Requests (the built-in prompts, greedy) arrive as a Poisson process at a sweep of rates; "
                     "every policy serves the same arrivals: none, static k=1,2,4,8, switch_off, goodput. Reports "
                     "mean/p50/p99 latency, TTFT, TPOT, throughput and goodput, and goodput's latency relative to "
-                    "none and to the best static k. Default: the real models on this machine (wall clock). "
+                    "none and to the best static k. Default: the real models on this machine (wall clock; every "
+                    "policy's LLM first serves one untimed warm-up request on a held-out prompt). "
                     "--simulated: the engine's real scheduling and acceptance decisions (replayed from greedy "
                     "traces recorded once on the real models) against a SYNTHETIC GPU cost profile.")
     add_model_options(p)
