@@ -117,7 +117,7 @@ TEST(GoodputController, ComputeBoundVerificationTurnsSpeculationOff) {
 // A CPU-like target: plain decoding (1 token) and a prompt (104 tokens) were measured, and
 // their line says 2 tokens cost 1.05x one, but really they cost 2x. The controller bets at
 // most twice what it measured: k = 1 first (not the k >= 3 the line would buy), then at most
-// 4 tokens, and once those sizes are measured (a CPU's 4-token forward costs 4x one), none.
+// 4 tokens, and once those sizes are measured (here a 4-token forward costs 4x one), none.
 TEST(GoodputController, ExploresTheCostCurveByDoublings) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 104, 2.44));
