@@ -38,6 +38,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from specd.engine.graph_inputs import PackedStaging, capture_graph
 from specd.engine.row_sampling import RowParams, sample_rows
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.engine.torch_sampling import DRAFT_STREAM
@@ -105,7 +106,7 @@ class _Buffers:
         self.probs: Optional[torch.Tensor] = None  # float32 [steps, B, vocab], on first sampled run
 
 
-class _Inputs:
+class _Inputs(PackedStaging):
     """The inputs of a run for one (bucket, catch-up width W), packed in ONE int64 buffer copied
     host -> device once per run (from pinned staging on CUDA): the per-row table ``rows``
     ``[B, _COLUMNS]``, the draft block tables ``[B, blocks]`` and, when W > 0, forward 0's
@@ -118,21 +119,8 @@ class _Inputs:
         if width:
             sizes.update(ids=(batch * width,), positions=(batch * width,), slots=(batch * width,),
                          logits_index=(batch,), kv_lens=(batch,))
-        on_device = device.type != "cpu"
-        total = sum(int(np.prod(s)) for s in sizes.values())
+        super().__init__(sizes, device)
         self.width = width
-        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=on_device)
-        self.packed = torch.zeros_like(self.host, device=device) if on_device else self.host
-        self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
-        host_np = self.host.numpy()
-        self.fields: dict[str, np.ndarray] = {}   # numpy views of the staging
-        self.device: dict[str, torch.Tensor] = {}  # device views of the packed copy
-        offset = 0
-        for name, shape in sizes.items():
-            size = int(np.prod(shape))
-            self.fields[name] = host_np[offset:offset + size].reshape(shape)
-            self.device[name] = self.packed[offset:offset + size].view(shape)
-            offset += size
         if width:
             self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)
             self.query_start = torch.arange(0, batch * width + 1, width, dtype=torch.int32, device=device)
@@ -276,8 +264,7 @@ class DraftGraphRunner:
 
     def _fill(self, inp: _Inputs, items: Sequence[WorkItem]) -> None:
         """Inputs of ``items`` (requests past them: inactive padding), copied to the device."""
-        if inp.uploaded is not None:
-            inp.uploaded.synchronize()  # the previous run's copy has left the pinned staging
+        inp.begin()  # the previous run's copy has left the pinned staging
         f, n, w = inp.fields, len(items), inp.width
         rows = f["rows"]
         rows.fill(0)
@@ -308,9 +295,7 @@ class DraftGraphRunner:
                 f["slots"][base:base + c] = it.draft_slots[:c]
                 f["kv_lens"][i] = start + w
                 f["logits_index"][i] = base + c - 1
-        if inp.packed is not inp.host:
-            inp.packed.copy_(inp.host, non_blocking=True)
-            inp.uploaded.record()
+        inp.upload()
 
     def _body(self, buf: _Buffers, inp: _Inputs, steps: int, sampling: bool) -> None:
         """Forward 0 when the inputs have a catch-up width, then forwards 1..steps-1, on the
@@ -358,17 +343,8 @@ class DraftGraphRunner:
         inp = self._inputs_for(batch, width)
         self._fill(inp, [])  # every request inactive: the warm-up and the capture write no KV
         buf.tokens.zero_()
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self._body(buf, inp, steps, sampling)  # warm-up: lazy initialisations stay out of the capture
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
-            self._body(buf, inp, steps, sampling)
-        if self._mempool is None:
-            self._mempool = graph.pool()
+        graph, self._mempool = capture_graph(lambda: self._body(buf, inp, steps, sampling), self.device,
+                                             self._mempool)
         self._graphs[key] = graph
         return graph
 

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from specd.engine.draft_graph import DraftGraphRunner
+from specd.engine.graph_inputs import PackedStaging, capture_graph
 from specd.engine.scheduler import TARGET, WorkItem
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
@@ -81,27 +82,15 @@ class TargetGraphConfig:
     max_tokens: Optional[int] = None
 
 
-class _Buffers:
+class _Buffers(PackedStaging):
     """Fixed-shape inputs of one (bucket, q): a packed int64 host staging buffer and its device
     copy, typed views of it, and the int32 tensors the attention op reads."""
 
     def __init__(self, batch: int, q: int, width: int, device: torch.device):
         tokens, words = batch * q, -(-q // 64)
         self.batch, self.q, self.words = batch, q, words
-        sizes = (tokens, tokens, tokens, tokens, tokens * words, batch, batch * width)
         shapes = ((tokens,),) * 4 + ((tokens, words), (batch,), (batch, width))
-        on_device = device.type != "cpu"
-        self.host = torch.zeros(sum(sizes), dtype=torch.int64, pin_memory=on_device)
-        self.packed = torch.zeros_like(self.host, device=device) if on_device else self.host
-        self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
-        host_np = self.host.numpy()
-        self.fields: dict[str, np.ndarray] = {}   # numpy views of the staging, per field
-        self.device: dict[str, torch.Tensor] = {}  # device views of the packed copy, per field
-        offset = 0
-        for name, size, shape in zip(_FIELDS, sizes, shapes):
-            self.fields[name] = host_np[offset:offset + size].reshape(shape)
-            self.device[name] = self.packed[offset:offset + size].view(shape)
-            offset += size
+        super().__init__(dict(zip(_FIELDS, shapes)), device)
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)              # [B]
         self.block_table = torch.full((batch, width), -1, dtype=torch.int32, device=device)  # [B, W]
         self.query_start = torch.arange(0, tokens + 1, q, dtype=torch.int32, device=device)  # [B + 1]
@@ -179,8 +168,7 @@ class TargetGraphRunner:
     def _fill(self, buf: _Buffers, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> int:
         """Writes the inputs of ``items`` (rows and requests past them: padding) to the staging
         buffer and copies it to the device. Returns the number of logits rows."""
-        if buf.uploaded is not None:
-            buf.uploaded.synchronize()  # the previous run's copy has left the pinned staging
+        buf.begin()  # the previous run's copy has left the pinned staging
         f, q = buf.fields, buf.q
         f["input_ids"].fill(0)
         f["positions"].fill(0)
@@ -205,9 +193,7 @@ class TargetGraphRunner:
         if items:
             f["block_table"][:len(items)] = self.pool.blocks.block_table_padded(
                 [it.request.id for it in items], model=TARGET, width=self.config.max_blocks, pad=-1)
-        if buf.packed is not buf.host:
-            buf.packed.copy_(buf.host, non_blocking=True)
-            buf.uploaded.record()
+        buf.upload()
         return rows
 
     def _forward(self, buf: _Buffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -228,17 +214,7 @@ class TargetGraphRunner:
         buf = self._buffers_for(batch, q)
         out = self._shared_logits()[:batch * q]
         self._fill(buf, [], {})  # every request a dummy: the warm-up and the capture write no KV
-        current = torch.cuda.current_stream(self.device)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            self._forward(buf, out)  # warm-up: lazy initialisations stay out of the capture
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
-            self._forward(buf, out)
-        if self._mempool is None:
-            self._mempool = graph.pool()
+        graph, self._mempool = capture_graph(lambda: self._forward(buf, out), self.device, self._mempool)
         self._graphs[key] = graph
         return graph
 
