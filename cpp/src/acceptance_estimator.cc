@@ -64,6 +64,7 @@ Status AcceptanceEstimator::idle_global(int32_t proposer) {
   SPECD_RETURN_IF_ERROR(check(proposer));
   Counts& g = global_[static_cast<std::size_t>(proposer)];
   for (std::size_t d = 0; d < g.trials.size(); ++d) {
+    if (g.successes[d] >= config_.initial_alpha * g.trials[d]) continue;  // at or above the prior: keep
     g.successes[d] *= config_.idle_decay;
     g.trials[d] *= config_.idle_decay;
   }

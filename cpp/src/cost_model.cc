@@ -45,7 +45,34 @@ Status CostModel::observe(int64_t tokens, double seconds) {
   sxx_ = d * sxx_ + x * x;
   sxy_ = d * sxy_ + x * seconds;
   ++samples_;
+  refit();
   return Status::Ok();
+}
+
+void CostModel::refit() {
+  // Pool adjacent violators over the buckets with data, weighted by their weights.
+  struct Block {
+    double weight, sum;
+    std::size_t count;
+  };
+  std::vector<Block> blocks;
+  std::vector<Bucket*> used;
+  for (Bucket& b : buckets_) {
+    if (b.weight <= 0) continue;
+    used.push_back(&b);
+    blocks.push_back({b.weight, b.weight * b.seconds, 1});
+    while (blocks.size() > 1) {
+      const Block& hi = blocks.back();
+      const Block& lo = blocks[blocks.size() - 2];
+      if (lo.sum / lo.weight <= hi.sum / hi.weight) break;
+      const Block merged{lo.weight + hi.weight, lo.sum + hi.sum, lo.count + hi.count};
+      blocks.pop_back();
+      blocks.back() = merged;
+    }
+  }
+  std::size_t at = 0;
+  for (const Block& block : blocks)
+    for (std::size_t j = 0; j < block.count; ++j) used[at++]->fitted = block.sum / block.weight;
 }
 
 int64_t CostModel::explored_limit(int64_t tokens) const {
@@ -108,14 +135,14 @@ double CostModel::predict(int64_t tokens) const {
   }
   if (below && above) {
     const double t = (x - below->tokens) / (above->tokens - below->tokens);
-    return below->seconds + t * (above->seconds - below->seconds);
+    return below->fitted + t * (above->fitted - below->fitted);
   }
   if (above) {  // below the smallest bucket: the slope of the two smallest (flat with one)
     const double local =
-        second ? std::max(0.0, (second->seconds - above->seconds) / (second->tokens - above->tokens)) : 0.0;
-    return std::max(0.0, above->seconds - local * (above->tokens - x));
+        second ? std::max(0.0, (second->fitted - above->fitted) / (second->tokens - above->tokens)) : 0.0;
+    return std::max(0.0, above->fitted - local * (above->tokens - x));
   }
-  return below->seconds + slope() * (x - below->tokens);  // beyond the largest bucket
+  return below->fitted + slope() * (x - below->tokens);  // beyond the largest bucket
 }
 
 }  // namespace specd

@@ -120,7 +120,10 @@ class StepState {
   double tokens_ = 0;
 };
 
-// Greedy allocation at prepaid draft depth K; returns the ks.
+// Greedy allocation at prepaid draft depth K; returns the ks: the best prefix of the greedy
+// order, looking a draft per request plus a chain past the last improvement (rules in the
+// header: measured curves are not convex, so a draft that does not pay alone can be followed
+// by nearly free ones).
 std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostModel& cost,
                               const std::vector<int32_t>& option, int32_t depth) {
   StepState state(requests, cost, option, depth);
@@ -131,7 +134,15 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
     double g = 0, d = 0;
     if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
   }
-  while (!heap.empty()) {
+  std::size_t deepest = 1;
+  for (const SpecRequest& r : requests)
+    if (const SpecOption* opt = option_of(r, option[static_cast<std::size_t>(&r - requests.data())]))
+      deepest = std::max(deepest, opt->gains.size());
+  const std::size_t window = requests.size() + deepest;  // a draft for every request, or a chain
+  std::vector<std::size_t> taken;  // requests in the order their drafts were taken
+  std::size_t best_taken = 0;
+  double best = objective(cost, state.tokens(), state.seconds());
+  while (!heap.empty() && taken.size() < best_taken + window) {
     const auto [r, i] = heap.top();
     heap.pop();
     double g = 0, d = 0;
@@ -141,13 +152,18 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
       heap.push({now, i});
       continue;
     }
-    const double before = objective(cost, state.tokens(), state.seconds());
-    const double after = objective(cost, state.tokens() + g, std::max(state.seconds() + d, kTiny));
-    if (after <= before) break;  // the best remaining increment lowers the objective: stop
     state.take(i, g);
+    taken.push_back(i);
+    const double value = objective(cost, state.tokens(), state.seconds());
+    if (value > best + 1e-12 * std::abs(best)) {
+      best = value;
+      best_taken = taken.size();
+    }
     if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
   }
-  return state.ks();
+  std::vector<int32_t> k(requests.size(), 0);
+  for (std::size_t t = 0; t < best_taken; ++t) ++k[taken[t]];
+  return k;
 }
 
 }  // namespace
@@ -253,6 +269,70 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
   return Status::Ok();
 }
 
+// Steps of up to this many requests get their allocation polished by local search.
+constexpr std::size_t kPolishLimit = 16;
+
+// Hill climbing from `best` over single moves (one draft more or fewer for a request, or
+// one draft moved from one request to another) with the options fixed, taking the best
+// improving move until none improves. The greedy's prefix is exact for linear costs; on
+// measured non-convex curves the best set is not always a prefix of its order (a deep
+// chain for one request can beat a draft each for two).
+Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Allocation* best) {
+  const std::size_t n = requests.size();
+  auto value_of = [&](const std::vector<int32_t>& k, double* tokens, double* seconds, bool* ok) -> Status {
+    *ok = true;
+    int64_t verified = 0, drafted = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const SpecOption* opt = option_of(requests[i], best->option[i]);
+      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
+      if (k[i] < 0 || k[i] > cap || (k[i] > 0 && opt->gains[static_cast<std::size_t>(k[i] - 1)] <= 0)) *ok = false;
+      verified += requests[i].base_tokens + k[i];
+      drafted += k[i];
+    }
+    if (cost.max_target_tokens > 0 && drafted > 0 && verified > cost.max_target_tokens) *ok = false;
+    if (!*ok) return Status::Ok();
+    return evaluate_allocation(requests, cost, k, best->option, tokens, seconds);
+  };
+  for (int round = 0; round < 64; ++round) {
+    std::vector<int32_t> best_k;
+    double best_value = best->objective, best_tokens = 0, best_seconds = 0;
+    auto consider = [&](std::vector<int32_t>& k) -> Status {
+      double tokens = 0, seconds = 0;
+      bool ok = false;
+      SPECD_RETURN_IF_ERROR(value_of(k, &tokens, &seconds, &ok));
+      const double value = ok ? objective(cost, tokens, seconds) : 0.0;
+      if (ok && value > best_value + 1e-12 * std::abs(best_value)) {
+        best_value = value;
+        best_k = k;
+        best_tokens = tokens;
+        best_seconds = seconds;
+      }
+      return Status::Ok();
+    };
+    std::vector<int32_t> k = best->k;
+    for (std::size_t i = 0; i < n; ++i) {
+      for (int32_t step : {1, -1}) {
+        k[i] += step;
+        SPECD_RETURN_IF_ERROR(consider(k));
+        for (std::size_t j = 0; j < n && step < 0; ++j) {
+          if (j == i) continue;
+          ++k[j];
+          SPECD_RETURN_IF_ERROR(consider(k));
+          --k[j];
+        }
+        k[i] -= step;
+      }
+    }
+    if (best_k.empty()) break;
+    best->k = std::move(best_k);
+    best->objective = best_value;
+    best->goodput = best_tokens / best_seconds;
+    best->expected_tokens = best_tokens;
+    best->expected_seconds = best_seconds;
+  }
+  return Status::Ok();
+}
+
 // Requests * options up to this size also get a coordinate search over options.
 constexpr std::size_t kLocalSearchLimit = 64;
 
@@ -302,6 +382,7 @@ Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& c
       }
     }
   }
+  if (n <= kPolishLimit) SPECD_RETURN_IF_ERROR(polish(requests, cost, out));
   out->draft_depth = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const SpecOption* opt = option_of(requests[i], out->option[i]);

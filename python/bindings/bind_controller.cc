@@ -71,6 +71,7 @@ void bind_controller(py::module_& m) {
       .def("predict", &CostModel::predict, py::arg("tokens"))
       .def("explored_limit", &CostModel::explored_limit, py::arg("tokens"),
            "the largest token count the controller plans for from a step of `tokens` tokens")
+      .def("measured", &CostModel::measured, "(mean tokens, mean seconds) of every bucket with data, by size")
       .def_property_readonly("has_data", &CostModel::has_data)
       .def_property_readonly("samples", &CostModel::samples)
       .def_property_readonly("slope", &CostModel::slope)

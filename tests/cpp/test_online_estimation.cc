@@ -57,6 +57,32 @@ TEST(CostModel, ExtrapolationAndValidation) {
   SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);
 }
 
+// Bucket averages that decrease with the token count (noise) are pooled: predictions never
+// decrease, and a consistent curve is left as it is.
+TEST(CostModel, PredictionsNeverDecreaseWithTokens) {
+  CostModel m;
+  const std::pair<int64_t, double> cpu_run[] = {{1, 0.37}, {2, 0.74}, {3, 1.05}, {4, 0.94}, {8, 1.22}, {104, 2.4}};
+  for (const auto& [n, s] : cpu_run) SPECD_ASSERT_OK(m.observe(n, s));
+  for (int64_t n = 1; n < 200; ++n) EXPECT_LE(m.predict(n), m.predict(n + 1)) << "tokens " << n;
+  EXPECT_NEAR(m.predict(3), (1.05 + 0.94) / 2, 1e-9);  // the violating pair, pooled (equal weights)
+  EXPECT_NEAR(m.predict(4), (1.05 + 0.94) / 2, 1e-9);
+  EXPECT_NEAR(m.predict(2), 0.74, 1e-9);  // the rest as measured
+  EXPECT_NEAR(m.predict(8), 1.22, 1e-9);
+  // Weighted: three samples at 3 tokens outweigh one at 4.
+  CostModel w;
+  for (int i = 0; i < 3; ++i) SPECD_ASSERT_OK(w.observe(3, 1.0));
+  SPECD_ASSERT_OK(w.observe(4, 0.6));
+  const double keep = CostModelConfig{}.decay;
+  const double w3 = 1 + keep + keep * keep;
+  EXPECT_NEAR(w.predict(4), (w3 * 1.0 + 0.6) / (w3 + 1), 1e-9);
+  EXPECT_NEAR(w.predict(3), w.predict(4), 1e-12);
+  // Consistent data are untouched.
+  CostModel ok;
+  const int64_t sizes[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 32, 64, 80, 128, 256};  // one per bucket
+  for (int64_t n : sizes) SPECD_ASSERT_OK(ok.observe(n, gpu_like(n)));
+  for (int64_t n : sizes) EXPECT_NEAR(ok.predict(n), gpu_like(n), 1e-12) << "tokens " << n;
+}
+
 // The exploration limit: at most twice what was measured (bridging measured sizes at most a
 // factor 2 apart); never an interpolation across a wide gap (the CPU trap: T(1) and a
 // prefill's T(104) measured, T(2) really twice T(1)).
@@ -186,6 +212,19 @@ TEST(AcceptanceEstimator, AProposerNobodyUsesFadesBackToThePrior) {
   EXPECT_GT(e.global_alpha(0, 1), 0.9 * config.initial_alpha);
   EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
   EXPECT_EQ(e.idle_global(4).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(AcceptanceEstimator, AGoodProposerNobodyUsesKeepsItsEstimate) {
+  // Idle because the batch is compute-bound, not because it fails: the global estimate above
+  // the prior is kept, so requests retry it at its real rate once drafting pays again.
+  AcceptanceEstimatorConfig config;
+  AcceptanceEstimator e(config, 1);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(e.observe(i, 0, 2, i % 10 == 9 ? 1 : 2).ok());
+  const double depth1 = e.global_alpha(0, 1), depth2 = e.global_alpha(0, 2);
+  EXPECT_GT(depth1, 0.8);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(e.idle_global(0).ok());
+  EXPECT_EQ(e.global_alpha(0, 1), depth1);
+  EXPECT_EQ(e.global_alpha(0, 2), depth2);
 }
 
 }  // namespace

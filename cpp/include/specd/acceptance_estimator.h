@@ -26,7 +26,9 @@
 //   proposer fades its global counts the same way (idle_global()), towards initial_alpha:
 //   otherwise a few early failures could stop every request from ever trying it again
 //   (requests without counts of their own use the global estimate, which only observations
-//   would change).
+//   would change). Only depths whose estimate is below initial_alpha fade globally: fading
+//   exists to retry, and pulling a good estimate down towards the prior while the proposer
+//   is idle (say, while a batch is compute-bound) would only make it harder to retry.
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 

@@ -11,7 +11,14 @@
 // - Beyond the largest bucket with data, the prediction extrapolates with the slope of an
 //   exponentially weighted least-squares line over all samples (never negative). Below the
 //   smallest, it extrapolates with the slope between the two smallest buckets (flat with
-//   one bucket; never negative, never below 0 seconds). The local slope matters: a
+//   one bucket; never negative, never below 0 seconds).
+// - Monotone: a forward over fewer tokens can always be padded to more, so the true time
+//   never decreases with the token count. Bucket averages that say otherwise (noise: a
+//   2-core CPU measured T(3) = 1.05 s and T(4) = 0.94 s in one load run, which priced a
+//   3-request draft step higher than a 4-request one) are pooled before interpolating: the
+//   weighted isotonic (pool-adjacent-violators) fit of the averages, refitted at each
+//   sample. predict() is therefore non-decreasing in tokens.
+// - The local slope below the data matters: a
 //   controller that has only seen large forwards must neither believe that a plain decoding
 //   step costs as much as they did on a compute-bound machine (CPU), nor that it is far
 //   cheaper on a memory-bound one (GPU, flat below a knee).
@@ -75,8 +82,10 @@ class CostModel {
     double weight = 0;  // accumulated weight (0 = no data)
     double tokens = 0;  // weighted mean token count
     double seconds = 0; // weighted mean time
+    double fitted = 0;  // the isotonic fit of `seconds` (rules above)
   };
   static std::size_t bucket_of(int64_t tokens);
+  void refit();
 
   CostModelConfig config_;
   std::vector<Bucket> buckets_;
