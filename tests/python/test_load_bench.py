@@ -88,6 +88,34 @@ def test_sweep_warms_every_llm_up_untimed(world):
     assert len(made) == 1 and made[0]._next_id == 3  # request ids handed out: the warm-up + 2 timed
 
 
+def test_sweep_repetitions_report_the_median_run(world):
+    """reps: every policy runs reps times with a fresh LLM, interleaved across policies; the row
+    is the run of median mean latency and lists every run's mean latency."""
+    w, _ = world
+    made = []
+    speeds = iter([1.0, 1.0, 3.0, 3.0, 2.0, 2.0])  # per LLM made: policy A then B, three rounds
+
+    def make_llm(spec):
+        scale = next(speeds)
+        llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=2,
+                                    timer=SyntheticTimer(GPUProfile(target_base=0.01 * scale, step_overhead=0.0)))
+        made.append(spec.policy)
+        return llm
+
+    policies = [load.PolicySpec("none", specd.SpeculationConfig(method="none")),
+                load.PolicySpec("none again", specd.SpeculationConfig(method="none"))]
+    rows = load.sweep(make_llm, policies, w.prompts[:2], [1.0], 2, MAX_TOKENS, "virtual", w.outputs[:2],
+                      log=lambda m: None, reps=3)
+    assert len(made) == 6 and len(rows) == 2
+    for row in rows:
+        runs = row["latency_mean_s_runs"]
+        assert row["reps"] == 3 and len(runs) == 3 and row["identical_outputs"]
+        assert runs[1] > runs[2] > runs[0]  # the machine "slowed" in round 2, less in round 3
+        assert row["latency_mean_s"] == runs[2]  # the median run
+    with pytest.raises(ValueError, match="reps"):
+        load.sweep(make_llm, policies, w.prompts[:2], [1.0], 2, MAX_TOKENS, "virtual", reps=0)
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)

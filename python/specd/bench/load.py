@@ -142,23 +142,44 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
 def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[PolicySpec],
           prompts: Sequence[list[int]], rates: Sequence[float], requests: int, max_tokens: int, clock: str,
           expected: Optional[Sequence[list[int]]] = None, seed: int = 0,
-          log: Callable[[str], None] = print, warmup: Optional[list[int]] = None) -> list[dict]:
+          log: Callable[[str], None] = print, warmup: Optional[list[int]] = None, reps: int = 1) -> list[dict]:
     """Every policy at every rate (same arrivals for all policies of a rate); one summary row each.
     ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
-    policy; a held-out prompt, so no proposer's cache has seen the timed ones)."""
+    policy; a held-out prompt, so no proposer's cache has seen the timed ones).
+    ``reps``: runs per policy and rate, each with a fresh LLM, interleaved (every policy once,
+    then again) so that a drift of the machine's speed spreads over all policies; the row is
+    the run of median mean latency, with every run's mean latency in ``latency_mean_s_runs``
+    and ``identical_outputs`` over all runs."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
     rows = []
     for r, rate in enumerate(rates):
         arrivals = poisson_arrivals(rate, requests, seed + r)
+        runs: dict[str, list[dict]] = {spec.label: [] for spec in policies}
+        for rep in range(reps):
+            for spec in policies:
+                t = time.perf_counter()
+                llm = make_llm(spec.speculation)
+                if warmup is not None:
+                    llm.generate([list(warmup)], SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                                                ignore_eos=True))
+                run = run_load(llm, prompts, arrivals, max_tokens, clock, expected, spec.label, rate).summary()
+                runs[spec.label].append(run)
+                log(f"rate {rate:.3g}/s {spec.label}{f' (run {rep + 1}/{reps})' if reps > 1 else ''}: mean latency "
+                    f"{run['latency_mean_s']:.3f} s, mean k {run['mean_k']:.2f} ({time.perf_counter() - t:.1f} s)")
         for spec in policies:
-            t = time.perf_counter()
-            llm = make_llm(spec.speculation)
-            if warmup is not None:
-                llm.generate([list(warmup)], SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
-            res = run_load(llm, prompts, arrivals, max_tokens, clock, expected, spec.label, rate)
-            rows.append(res.summary())
-            log(f"rate {rate:.3g}/s {spec.label}: mean latency {rows[-1]['latency_mean_s']:.3f} s, "
-                f"mean k {rows[-1]['mean_k']:.2f} ({time.perf_counter() - t:.1f} s)")
+            rows.append(_median_run(runs[spec.label]))
     return rows
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run of median mean latency (the lower middle one for an even count), annotated."""
+    ordered = sorted(runs, key=lambda x: x["latency_mean_s"])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row["reps"] = len(runs)
+    row["latency_mean_s_runs"] = [x["latency_mean_s"] for x in runs]
+    row["identical_outputs"] = all(x["identical_outputs"] for x in runs)
+    return row
 
 
 def compare(rows: list[dict]) -> list[dict]:

@@ -45,6 +45,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None, help="batch limit (default 64; real: 6)")
     p.add_argument("--switch-off-batch", type=int, default=4, help="switch_off policy: speculate up to this batch")
     p.add_argument("--seed", type=int, default=0, help="arrival process seed")
+    p.add_argument("--reps", type=int, default=1,
+                   help="runs per policy and rate, interleaved; rows report the run of median mean latency "
+                        "(use 3 or more on the real pair, whose run-to-run noise is large)")
     g = p.add_argument_group("synthetic GPU profile (--simulated; seconds = base + max(0, tokens - knee) * per_token)")
     g.add_argument("--target-ms", type=float, default=20.0, help="target forward time below the knee (ms)")
     g.add_argument("--target-knee", type=int, default=64, help="tokens a target forward takes at flat cost")
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         rates = [base * m for m in ((0.5, 2, 8, 32, 128) if sim else (0.5, 32))]
         log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
     rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
-                      args.seed, log, warmup=warmup)
+                      args.seed, log, warmup=warmup, reps=args.reps)
     cmp = load.compare(rows)
     print(title)
     print(load.table(rows))
