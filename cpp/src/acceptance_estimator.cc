@@ -1,6 +1,7 @@
 #include "specd/acceptance_estimator.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace specd {
 
@@ -9,6 +10,8 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
   config_.max_depth = std::max(1, config_.max_depth);
   const auto d = static_cast<std::size_t>(config_.max_depth);
   global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
+  tree_predicted_.assign(static_cast<std::size_t>(num_proposers_), 0.0);
+  tree_accepted_.assign(static_cast<std::size_t>(num_proposers_), 0.0);
 }
 
 Status AcceptanceEstimator::check(int32_t proposer) const {
@@ -46,6 +49,24 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
   }
   add(&it->second[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
   return Status::Ok();
+}
+
+Status AcceptanceEstimator::observe_tree(int32_t proposer, double predicted, int32_t accepted) {
+  SPECD_RETURN_IF_ERROR(check(proposer));
+  if (!(predicted >= 0.0) || !std::isfinite(predicted) || accepted < 0)
+    return error_status(StatusCode::kInvalidArgument, "observe_tree: need a finite predicted >= 0 and accepted >= 0, "
+                        "got ", predicted, " and ", accepted);
+  const auto p = static_cast<std::size_t>(proposer);
+  tree_predicted_[p] = config_.global_decay * tree_predicted_[p] + predicted;
+  tree_accepted_[p] = config_.global_decay * tree_accepted_[p] + accepted;
+  return Status::Ok();
+}
+
+double AcceptanceEstimator::tree_calibration(int32_t proposer) const {
+  if (proposer < 0 || proposer >= num_proposers_) return 1.0;
+  const auto p = static_cast<std::size_t>(proposer);
+  const double m = config_.prior_strength;
+  return (tree_accepted_[p] + m) / (tree_predicted_[p] + m);
 }
 
 Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {

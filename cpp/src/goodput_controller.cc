@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 namespace specd {
@@ -66,11 +67,21 @@ StepCostModel GoodputController::costs(double reference, int64_t base_tokens) co
   return StepCostModel{&target_, uses_draft() ? &draft_view_ : nullptr, overhead_, reference, limit};
 }
 
-std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap) const {
+std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap,
+                                                          Span<const std::vector<double>> node_probs) const {
   Gains out(static_cast<std::size_t>(num_proposers()));
   if (cap <= 0) return out;
   std::vector<double> alphas(static_cast<std::size_t>(std::min(cap, estimator_.max_depth())));
   for (int32_t p = 0; p < num_proposers(); ++p) {
+    auto& g = out[static_cast<std::size_t>(p)];
+    if (!node_probs.empty() && !config_.proposer_uses_draft[static_cast<std::size_t>(p)]) {
+      g = node_probs[static_cast<std::size_t>(p)];
+      std::sort(g.begin(), g.end(), std::greater<double>());
+      if (g.size() > static_cast<std::size_t>(cap)) g.resize(static_cast<std::size_t>(cap));
+      const double c = estimator_.tree_calibration(p);
+      for (double& x : g) x = std::clamp(c * x, 0.0, 1.0);
+      continue;
+    }
     if (!estimator_.alphas(id, p, Span<double>(alphas)).ok()) continue;
     double prod = 1.0;
     for (double a : alphas) out[static_cast<std::size_t>(p)].push_back(prod *= a);
@@ -83,6 +94,14 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   for (const ControllerRequest& r : batch) {
     if (r.base_tokens < 1)
       return error_status(StatusCode::kInvalidArgument, "request ", r.id, ": base_tokens must be >= 1");
+    if (!r.node_probs.empty() && r.node_probs.size() != static_cast<std::size_t>(num_proposers()))
+      return error_status(StatusCode::kInvalidArgument, "request ", r.id, ": node_probs has ", r.node_probs.size(),
+                          " entries for ", num_proposers(), " proposers");
+    for (const std::vector<double>& probs : r.node_probs)
+      for (double x : probs)
+        if (!(x >= 0.0 && x <= 1.0))
+          return error_status(StatusCode::kInvalidArgument, "request ", r.id, ": node probability ", x,
+                              " is not in [0, 1]");
     if (r.draft_catch_up < 0 || r.k_max < 0 || r.remaining_tokens < 0)
       return error_status(StatusCode::kInvalidArgument, "request ", r.id,
                           ": k_max, draft_catch_up and remaining_tokens must be >= 0");
@@ -94,7 +113,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   if (n == 0) return Status::Ok();
 
   std::vector<Gains> all(n);
-  for (std::size_t i = 0; i < n; ++i) all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max));
+  for (std::size_t i = 0; i < n; ++i)
+    all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max), batch[i].node_probs);
   const std::vector<bool> all_allowed(static_cast<std::size_t>(num_proposers()), true);
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
 
@@ -212,6 +232,11 @@ Status GoodputController::observe(RequestId id, int32_t proposer, int32_t depth,
   SPECD_RETURN_IF_ERROR(validate_config());
   if (depth <= 0) return Status::Ok();
   return estimator_.observe(id, proposer, depth, accepted);
+}
+
+Status GoodputController::observe_tree(int32_t proposer, double predicted, int32_t accepted) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  return estimator_.observe_tree(proposer, predicted, accepted);
 }
 
 Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, double seconds) {

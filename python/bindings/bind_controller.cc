@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include <string>
 #include <vector>
 
@@ -91,6 +93,10 @@ void bind_controller(py::module_& m) {
         return out;
       }, py::arg("request"), py::arg("proposer"), py::arg("n"))
       .def("global_alpha", &AcceptanceEstimator::global_alpha, py::arg("proposer"), py::arg("depth"))
+      .def("observe_tree", [](AcceptanceEstimator& e, int32_t proposer, double predicted, int32_t accepted) {
+        check(e.observe_tree(proposer, predicted, accepted));
+      }, py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
+      .def("tree_calibration", &AcceptanceEstimator::tree_calibration, py::arg("proposer"))
       .def("remove", &AcceptanceEstimator::remove, py::arg("request"));
 
   m.def("optimize_goodput", &optimize, py::arg("requests"), py::arg("target"), py::arg("draft") = nullptr,
@@ -107,14 +113,20 @@ void bind_controller(py::module_& m) {
       }), py::arg("proposer_uses_draft"), py::arg("k_max") = 8)
       .def("decide", [](GoodputController& c, const std::vector<int64_t>& ids, const std::vector<int32_t>& base_tokens,
                         const std::vector<int32_t>& k_max, const std::vector<int32_t>& draft_catch_up,
-                        const std::vector<int64_t>& remaining_tokens) {
+                        const std::vector<int64_t>& remaining_tokens,
+                        const std::optional<std::vector<std::vector<std::vector<double>>>>& node_probs) {
         const std::size_t n = ids.size();
         if (base_tokens.size() != n || k_max.size() != n || draft_catch_up.size() != n || remaining_tokens.size() != n)
           raise_status(error_status(StatusCode::kInvalidArgument, "GoodputController.decide: the five lists must "
                                     "have one entry per request"));
+        if (node_probs && node_probs->size() != n)
+          raise_status(error_status(StatusCode::kInvalidArgument, "GoodputController.decide: node_probs has ",
+                                    node_probs->size(), " entries for ", n, " requests"));
         std::vector<ControllerRequest> batch(n);
-        for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t i = 0; i < n; ++i) {
           batch[i] = ControllerRequest{ids[i], base_tokens[i], k_max[i], draft_catch_up[i], remaining_tokens[i]};
+          if (node_probs) batch[i].node_probs = Span<const std::vector<double>>((*node_probs)[i]);
+        }
         std::vector<ControllerDecision> out;
         check(c.decide(batch, &out));
         std::vector<int32_t> k(n), proposer(n);
@@ -126,7 +138,12 @@ void bind_controller(py::module_& m) {
         }
         return py::make_tuple(k, proposer, predicted);
       }, py::arg("ids"), py::arg("base_tokens"), py::arg("k_max"), py::arg("draft_catch_up"),
-         py::arg("remaining_tokens"), "Returns (k, proposer, predicted_tokens) lists; proposer -1 where k == 0.")
+         py::arg("remaining_tokens"), py::arg("node_probs") = py::none(),
+         "Returns (k, proposer, predicted_tokens) lists; proposer -1 where k == 0. node_probs: per request, per "
+         "proposer, the candidate nodes' acceptance probabilities (an empty list where a proposer gives none).")
+      .def("observe_tree", [](GoodputController& c, int32_t proposer, double predicted, int32_t accepted) {
+        check(c.observe_tree(proposer, predicted, accepted));
+      }, py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
       .def("observe", [](GoodputController& c, int64_t id, int32_t proposer, int32_t depth, int32_t accepted) {
         check(c.observe(id, proposer, depth, accepted));
       }, py::arg("request"), py::arg("proposer"), py::arg("depth"), py::arg("accepted"))

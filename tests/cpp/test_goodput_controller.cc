@@ -208,6 +208,51 @@ TEST(GoodputController, ASwitchedOffRequestIsRetriedLater) {
   EXPECT_LE(back_at - off_at, 60);
 }
 
+// Model-free trees sized from the step's node probabilities: each request's budget follows
+// its own candidate tree, and the proposer's calibration (realised / predicted accepted
+// drafts) scales them.
+TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
+  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.012 * n));
+  // Plain decoding of 3 requests: 54 tokens/s, so a verified token (12 ms) must be accepted
+  // with probability ~0.64 or more to pay.
+  const std::vector<std::vector<double>> strong{{0.1, 0.95, 0.85, 0.9, 0.8}};  // any order
+  const std::vector<std::vector<double>> weak{{0.3, 0.05}};
+  const std::vector<std::vector<double>> none{{}};  // probed, no candidates
+  std::vector<ControllerRequest> batch{{1, 1, 8, 1, 500}, {2, 1, 8, 1, 500}, {3, 1, 8, 1, 500}};
+  batch[0].node_probs = strong;
+  batch[1].node_probs = weak;
+  batch[2].node_probs = none;
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  EXPECT_EQ(d[0].k, 4);  // the four probable nodes, not the 0.1 one
+  EXPECT_NEAR(d[0].predicted_tokens, 1 + 0.95 + 0.9 + 0.85 + 0.8, 1e-9);
+  EXPECT_EQ(d[1].k, 0);
+  EXPECT_EQ(d[2].k, 0);
+  // The same request without node probabilities uses the acceptance estimates (prior 0.6:
+  // no draft pays here), so the probabilities made the difference.
+  std::vector<ControllerRequest> plain{{1, 1, 8, 1, 500}, {2, 1, 8, 1, 500}, {3, 1, 8, 1, 500}};
+  SPECD_ASSERT_OK(c.decide(plain, &d));
+  EXPECT_EQ(d[0].k, 0);
+  // An over-confident proposer: its trees accept half of what their probabilities predict.
+  EXPECT_DOUBLE_EQ(c.estimator().tree_calibration(0), 1.0);
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_tree(0, 3.5, (i % 4 < 3) ? 2 : 1));  // 1.75 of 3.5
+  EXPECT_NEAR(c.estimator().tree_calibration(0), 0.5, 0.02);
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  EXPECT_EQ(d[0].k, 0);  // 0.475 and below no longer pay
+  // Bad input.
+  const std::vector<std::vector<double>> two{{0.5}, {0.5}};  // two entries for one proposer
+  batch[1].node_probs = two;
+  SPECD_EXPECT_CODE(c.decide(batch, &d), kInvalidArgument);
+  const std::vector<std::vector<double>> above{{1.5}};
+  batch[1].node_probs = above;
+  SPECD_EXPECT_CODE(c.decide(batch, &d), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(0, -1.0, 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(0, 1.0, -1), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(3, 1.0, 0), kInvalidArgument);
+}
+
 TEST(GoodputController, ColdStartAndBadInput) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   std::vector<ControllerDecision> d;

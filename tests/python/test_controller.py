@@ -180,3 +180,49 @@ def test_decisions_are_capped_by_the_engine(setup):
     out = llm.generate(prompts[5], greedy(max_tokens=7))[0]
     assert out.token_ids == baseline[5][:7]
     assert max(out.metrics.k_per_step) <= 4
+
+
+@pytest.mark.parametrize("method", ["suffix", "ngram"])
+def test_model_free_trees_are_sized_from_their_node_probabilities(setup, method):
+    """The goodput policy gets each step's candidate tree (node probabilities at a budget of
+    k_max) and sizes the tree from it: k never exceeds the candidates, a request with none
+    gets k = 0, the proposer's calibration is learned from what the trees predicted, and
+    outputs stay identical to plain decoding."""
+    from specd.engine.goodput import GoodputPolicy
+
+    target, _, _, prompts, baseline = setup
+    seen, trees = [], []
+
+    class Spy(GoodputPolicy):
+        def decide(self, batch):
+            decisions = super().decide(batch)
+            for s, d in zip(batch, decisions):
+                seen.append((s.k_max, s.node_probs, d))
+            return decisions
+
+        def observe_tree(self, request, m, predicted, accepted):
+            trees.append((predicted, accepted))
+            super().observe_tree(request, m, predicted, accepted)
+
+    spec = auto(method)
+    policy = Spy(spec.methods, spec.k)
+    llm = specd.LLM(target, speculation=spec, policy=policy, timer=SyntheticTimer(MEMORY_BOUND))
+    outs = llm.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    probed = [(k_max, probs[method], d) for k_max, probs, d in seen if k_max > 0]
+    assert len(probed) == sum(1 for k_max, _, _ in seen if k_max > 0) > 100  # every request that may draft
+    for k_max, probs, d in probed:
+        assert len(probs) <= k_max and all(0 <= p <= 1 for p in probs)
+        assert d.k <= len(probs)  # no budget beyond the candidates (none: k = 0)
+        if d.k:  # the expectation is the top-k probabilities, calibrated and capped at 1 each
+            assert sorted(probs, reverse=True)[d.k - 1] > 0 and 1 < d.predicted_tokens <= 1 + d.k + 1e-9
+    assert any(d.k == 0 and len(probs) == 0 for _, probs, d in probed)  # no candidates happen ...
+    assert sum(d.k > 0 for _, _, d in probed) > 20  # ... and so do good trees (random tiny models repeat)
+    assert len({d.k for _, _, d in probed if d.k}) > 1  # budgets differ by request and step
+    assert trees and all(p >= 0 and a >= 0 for p, a in trees)
+    predicted, accepted = sum(p for p, _ in trees), sum(a for _, a in trees)
+    calibration = policy.estimator.tree_calibration(0)  # learned from the trees (prior: 1)
+    assert calibration != 1.0
+    if abs(accepted / predicted - 1) > 0.2:
+        assert (calibration < 1) == (accepted < predicted), (calibration, accepted, predicted)
+    assert llm.metrics()["acceptance_rate"] > 0

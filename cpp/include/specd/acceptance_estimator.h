@@ -29,6 +29,14 @@
 //   would change). Only depths whose estimate is below initial_alpha fade globally: fading
 //   exists to retry, and pulling a good estimate down towards the prior while the proposer
 //   is idle (say, while a batch is compute-bound) would only make it harder to retry.
+// - Tree calibration: a proposer that estimates each node's probability of acceptance
+//   (the suffix and n-gram proposers' node_probs, from frequencies in the text) can be
+//   over- or under-confident. For such a proposer, a verify step whose drafts' probabilities
+//   summed to P with A drafts accepted adds P and A to decayed per-proposer sums
+//   (observe_tree); tree_calibration() = (sum A + m) / (sum P + m) with m = prior_strength:
+//   1 before data (the probabilities taken at face value), then the ratio of realised to
+//   predicted accepted drafts. (If they are calibrated, the expected number of accepted
+//   drafts is the sum of the nodes' probabilities of lying on the accepted path.)
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 
@@ -65,6 +73,11 @@ class AcceptanceEstimator {
   Status alphas(RequestId id, int32_t proposer, Span<double> out) const;
   // The proposer's global estimate at depth d (1-based).
   double global_alpha(int32_t proposer, int32_t depth) const;
+  // One verify step of a tree whose drafts' node probabilities summed to `predicted` (>= 0,
+  // finite) and of which `accepted` (>= 0) were accepted (rules above).
+  Status observe_tree(int32_t proposer, double predicted, int32_t accepted);
+  // The factor that turns the proposer's node probabilities into acceptance probabilities.
+  double tree_calibration(int32_t proposer) const;
   // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
   Status idle(RequestId id, int32_t proposer);
   // A step in which no request used `proposer`: its global counts fade (rules above).
@@ -82,6 +95,7 @@ class AcceptanceEstimator {
   AcceptanceEstimatorConfig config_;
   int32_t num_proposers_;
   std::vector<Counts> global_;                                 // [num_proposers]
+  std::vector<double> tree_predicted_, tree_accepted_;         // [num_proposers] decayed sums
   std::unordered_map<RequestId, std::vector<Counts>> requests_;  // [num_proposers] each
 };
 

@@ -9,6 +9,13 @@
 // 1. Every request of the batch is an arrival for the LoadForecast the first time it is seen.
 // 2. Gains: for request i and proposer p, g_j = prod_{m<=j} alpha_m (the estimator's
 //    per-request, per-depth acceptance), for j up to min(config k_max, request k_max).
+//    Where the request brings node probabilities (the model-free proposers' candidate
+//    trees for this step, ControllerRequest::node_probs), a model-free p's gains are those
+//    probabilities, sorted in decreasing order and times the proposer's tree calibration
+//    (AcceptanceEstimator::tree_calibration, capped at 1): the j-th draft of a node budget
+//    is the j-th most probable node, so k is the tree's node budget, chosen from this
+//    request's own evidence in this step (a repeated passage: a deep or wide tree; a weak
+//    match: a small one or none; no candidates: k = 0).
 // 3. The typical step: the same requests decode only (base 1) with every draft in sync
 //    (draft base 1); its optimal goodput G* is the step's price of time.
 // 4. Catch-up: a request whose draft has tokens to catch up (draft_catch_up > 1) may use a
@@ -66,6 +73,10 @@ struct ControllerRequest {
   int32_t k_max = 0;                    // its cap (config, max_tokens, context)
   int32_t draft_catch_up = 1;           // tokens its first draft-model forward would process
   int64_t remaining_tokens = 1 << 30;   // tokens it may still generate
+  // Empty, or [num proposers]: for each model-free proposer, the acceptance probabilities of
+  // its candidate nodes for this request this step (any order; none: no candidates, k = 0
+  // with it). Entries of the draft-model proposer are ignored (it uses the estimates).
+  Span<const std::vector<double>> node_probs;
 };
 
 struct ControllerDecision {
@@ -86,6 +97,9 @@ class GoodputController {
   Status decide(Span<const ControllerRequest> batch, std::vector<ControllerDecision>* decisions_out);
 
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
+  // A verified tree of `proposer` whose drafts' node probabilities summed to `predicted`
+  // (AcceptanceEstimator::observe_tree).
+  Status observe_tree(int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
   void observe_overhead(double seconds);
   void observe_load(int64_t waiting, int32_t max_batch) { load_.queue(waiting, max_batch); }
@@ -103,7 +117,9 @@ class GoodputController {
   bool uses_draft() const { return draft_proposer_ >= 0; }
   // base_tokens > 0: the step's drafts stay within the target's explored_limit from there.
   StepCostModel costs(double reference, int64_t base_tokens) const;
-  std::vector<std::vector<double>> gains(RequestId id, int32_t cap) const;
+  // node_probs: as ControllerRequest::node_probs (empty: the acceptance estimates only).
+  std::vector<std::vector<double>> gains(RequestId id, int32_t cap,
+                                         Span<const std::vector<double>> node_probs = {}) const;
   std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
                                       const std::vector<std::vector<std::vector<double>>>& gains,
                                       const Allocation& steady) const;

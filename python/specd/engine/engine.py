@@ -15,7 +15,7 @@ import torch
 from specd import _core
 from specd.engine import model_runner
 from specd.engine.params import SpeculationConfig
-from specd.engine.policy import SpeculationPolicy
+from specd.engine.policy import SpeculationPolicy, StepRequest
 from specd.engine.request import Request, Status
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.timer import WallTimer
@@ -52,6 +52,9 @@ class Engine:
         self.speculation, self.policy = speculation, policy
         self.scheduler = Scheduler(pool, scheduler_config, policy)
         self.proposers = self._make_proposers(speculation)
+        if self.proposers and getattr(policy, "wants_node_probs", False):
+            self.scheduler.probe = self._probe_trees
+        self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
@@ -86,6 +89,7 @@ class Engine:
     def _release(self, request: Request, finished: bool) -> None:
         self.scheduler.finish(request)
         self.policy.forget(request)
+        self._tree_probs.pop(request.id, None)
         for p in self.proposers.values():
             if request.id in p:
                 p.remove_request(request.id, finished=finished)
@@ -140,6 +144,22 @@ class Engine:
         t.draft_forward_s += draft_s
         return finished
 
+    def _probe_trees(self, batch: list[StepRequest]) -> None:
+        """StepRequest.node_probs: each model-free proposer's candidate tree at a budget of
+        k_max nodes (its drafts' node probabilities; the root's is left out)."""
+        asked = [s for s in batch if s.k_max > 0]
+        for method, proposer in self.proposers.items():
+            group = [s for s in asked if s.request.id in proposer]
+            if not group:
+                continue
+            budget = [s.k_max for s in group]
+            out = proposer.propose([s.request.id for s in group], budget, budget)
+            offsets, probs = out.offsets, out.node_probs
+            for i, s in enumerate(group):
+                if s.node_probs is None:
+                    s.node_probs = {}
+                s.node_probs[method] = probs[offsets[i] + 1:offsets[i + 1]]
+
     def _propose(self, items: list[WorkItem]) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], float]:
         trees = {it.request.id: TokenTree(it.request.tokens[-1]) for it in items}
         dists: dict[int, torch.Tensor] = {}
@@ -167,6 +187,7 @@ class Engine:
                                                      [it.nodes for it in group])
                 for i, it in enumerate(group):
                     trees[it.request.id] = out.tree(i)
+                    self._tree_probs[it.request.id] = out.expected_accepted(i)
         return trees, dists, draft_s
 
     def _commit_prefill(self, it: WorkItem) -> None:
@@ -239,6 +260,10 @@ class Engine:
                     counts[d] += 1
         if it.k > 0:
             self.policy.observe(req, it.method, tree.max_depth, accepted)
+            predicted = self._tree_probs.pop(req.id, None)
+            observe_tree = getattr(self.policy, "observe_tree", None)
+            if predicted is not None and observe_tree is not None:
+                observe_tree(req, it.method, predicted, accepted)
 
     def metrics(self) -> dict:
         """Engine-wide telemetry: steps; per verified request-step the k chosen (mean, histogram,

@@ -13,8 +13,12 @@ to indices, StepRequest fields to lists). Per step the controller
   engine's measured forwards; k_i = 0 for every request is always a candidate;
 - lets the draft model catch up on a request only when the investment pays at the batch the
   load forecast expects (the queue, and Little's law on measured arrivals).
-Token trees of the model-free proposers are sized by the same k (their node budget), so their
-topology adapts with the acceptance vectors. The maths is in docs/controller.md.
+Token trees of the model-free proposers (n-gram, suffix) are sized by the same k, their node
+budget, with gains from the step's own candidate tree: the engine probes the proposer with a
+budget of k_max, and the j-th draft's gain is the j-th most probable node's probability times
+the proposer's learned calibration (realised over predicted accepted drafts). The budget, and
+with it the tree's depth and width, thus follows each request's evidence in each step. The
+maths is in docs/controller.md.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class GoodputPolicy:
         self.methods = tuple(m for m in methods if m != "none") or ("none",)
         self.k_max = k_max
         self.controller = _core.GoodputController([m == "draft" for m in self.methods], k_max)
+        self.wants_node_probs = any(m in ("ngram", "suffix") for m in self.methods)
 
     @property
     def estimator(self):
@@ -49,15 +54,26 @@ class GoodputPolicy:
     def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
         if self.methods == ("none",) or not batch:
             return [Decision(0, "none") for _ in batch]
+        probs = None
+        if self.wants_node_probs:
+            # per request: one list per method (ignored for "draft"), or [] where not probed
+            probs = [[] if s.node_probs is None else [list(map(float, s.node_probs.get(m, ()))) for m in self.methods]
+                     for s in batch]
         ks, proposers, predicted = self.controller.decide(
             [s.request.id for s in batch], [s.base_tokens for s in batch], [s.k_max for s in batch],
-            [s.draft_catch_up for s in batch], [min(s.remaining_tokens, 1 << 62) for s in batch])
+            [s.draft_catch_up for s in batch], [min(s.remaining_tokens, 1 << 62) for s in batch], probs)
         return [Decision(k, self.methods[p] if p >= 0 else self.methods[0], t)
                 for k, p, t in zip(ks, proposers, predicted)]
 
     def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
         if method in self.methods and depth > 0 and self.methods != ("none",):
             self.controller.observe(request.id, self.methods.index(method), depth, accepted)
+
+    def observe_tree(self, request: Request, method: str, predicted: float, accepted: int) -> None:
+        """A verified tree of a model-free proposer: its drafts' node probabilities summed to
+        `predicted`; `accepted` drafts passed (the proposer's calibration)."""
+        if method in self.methods:
+            self.controller.observe_tree(self.methods.index(method), predicted, accepted)
 
     def observe_forward(self, model: str, tokens: int, seconds: float) -> None:
         self.controller.observe_forward(model, tokens, seconds)

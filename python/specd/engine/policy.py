@@ -8,8 +8,12 @@ per forward pass, how
 many tokens it processed and how long it took (:meth:`observe_forward`). Two optional hooks
 are called when a policy defines them: ``observe_load(waiting, max_batch)`` before decide
 (requests queued beyond the step's batch, and the batch limit) and
-``observe_overhead(seconds)`` after each step (its time outside the forwards). k = 0 means plain
-decoding. The engine caps k by what a request may still emit and by the context limit.
+``observe_overhead(seconds)`` after each step (its time outside the forwards). A policy with
+a true ``wants_node_probs`` attribute gets, in each StepRequest's ``node_probs``, the
+model-free proposers' candidate trees for the step as node probabilities, and is told after
+each such verification what they predicted (``observe_tree(request, method, predicted,
+accepted)``, when defined). k = 0 means plain decoding. The engine caps k by what a request
+may still emit and by the context limit.
 
 Built-in policies: ``none``, ``static`` (fixed k), ``switch_off`` (fixed k while the batch is
 small, 0 above a threshold) and ``goodput`` (specd.engine.goodput: k per request and step
@@ -20,7 +24,7 @@ by other packages under the ``specd.policies`` entry-point group (specd.engine.p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Optional, Protocol, Sequence
 
 from specd.engine.request import Request
 
@@ -34,6 +38,9 @@ class StepRequest:
     k_max: int                # the largest k it may get (config cap, max_tokens, context)
     draft_catch_up: int = 1   # tokens its first draft-model forward would process
     remaining_tokens: int = 1 << 30  # tokens it may still generate (max_tokens, context)
+    # policies with wants_node_probs: per model-free method, float32 [candidate nodes] the
+    # acceptance probabilities of the nodes it would propose with a budget of k_max (no root)
+    node_probs: Optional[dict] = None
 
 
 @dataclass

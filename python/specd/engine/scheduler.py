@@ -69,6 +69,9 @@ class Scheduler:
         self.pool, self.blocks, self.config, self.policy = pool, pool.blocks, config, policy
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Fills StepRequest.node_probs before decide (the engine sets it for policies that
+        # want node probabilities; None: not asked).
+        self.probe: Optional[Callable[[list[StepRequest]], None]] = None
 
     @property
     def has_work(self) -> bool:
@@ -91,6 +94,8 @@ class Scheduler:
         if observe_load is not None:
             observe_load(len(self.waiting) - len(candidates), self.config.max_num_seqs)
         batch = [self._step_request(r) for r in self.running + candidates]
+        if self.probe is not None:
+            self.probe(batch)
         decisions = dict(zip((s.request.id for s in batch), self.policy.decide(batch)))
         i = 0
         while i < len(self.running):
