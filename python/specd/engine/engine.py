@@ -187,7 +187,8 @@ class Engine:
                                                      [it.nodes for it in group])
                 for i, it in enumerate(group):
                     trees[it.request.id] = out.tree(i)
-                    self._tree_probs[it.request.id] = out.expected_accepted(i)
+                    if self.scheduler.probe is not None:  # a policy that learns from node probabilities
+                        self._tree_probs[it.request.id] = out.expected_accepted(i)
         return trees, dists, draft_s
 
     def _commit_prefill(self, it: WorkItem) -> None:
