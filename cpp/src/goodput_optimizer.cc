@@ -135,9 +135,8 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
     if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
   }
   std::size_t deepest = 1;
-  for (const SpecRequest& r : requests)
-    if (const SpecOption* opt = option_of(r, option[static_cast<std::size_t>(&r - requests.data())]))
-      deepest = std::max(deepest, opt->gains.size());
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (const SpecOption* opt = option_of(requests[i], option[i])) deepest = std::max(deepest, opt->gains.size());
   const std::size_t window = requests.size() + deepest;  // a draft for every request, or a chain
   std::vector<std::size_t> taken;  // requests in the order their drafts were taken
   std::size_t best_taken = 0;

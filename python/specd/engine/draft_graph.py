@@ -38,7 +38,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from specd.engine.graph_inputs import PackedStaging, capture_graph
+from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_capture
 from specd.engine.row_sampling import RowParams, sample_rows
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.engine.torch_sampling import DRAFT_STREAM
@@ -138,9 +138,7 @@ class DraftGraphRunner:
             raise InvalidArgumentError(f"invalid DraftGraphConfig {config}")
         self.model, self.pool, self.config = model, pool, config
         self.device = model.device
-        self.capture = config.capture if config.capture is not None else self.device.type == "cuda"
-        if self.capture and (self.device.type != "cuda" or not config.buckets):
-            raise InvalidArgumentError("CUDA graph capture needs a CUDA draft model and batch buckets")
+        self.capture = wants_capture(config.capture, self.device, config.buckets, "draft model")
         self.max_catch_up = config.max_steps + 1 if config.max_catch_up is None else config.max_catch_up
         self.kv = pool.layers(DRAFT)
         self.block_size = pool.block_size(DRAFT)

@@ -10,10 +10,12 @@ whole buffer host -> device without blocking. On CPU both sides are the same ten
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
+
+from specd.errors import InvalidArgumentError
 
 
 class PackedStaging:
@@ -43,6 +45,15 @@ class PackedStaging:
         if self.packed is not self.host:
             self.packed.copy_(self.host, non_blocking=True)
             self.uploaded.record()
+
+
+def wants_capture(capture: Optional[bool], device: torch.device, buckets: Sequence[int], what: str) -> bool:
+    """Whether a runner captures CUDA graphs: ``capture`` (None: on CUDA devices); capture
+    needs a CUDA model and batch buckets (``what`` names the model in the error)."""
+    wanted = capture if capture is not None else device.type == "cuda"
+    if wanted and (device.type != "cuda" or not buckets):
+        raise InvalidArgumentError(f"CUDA graph capture needs a CUDA {what} and batch buckets")
+    return wanted
 
 
 def capture_graph(body: Callable[[], object], device: torch.device,

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from specd.engine.draft_graph import DraftGraphRunner
-from specd.engine.graph_inputs import PackedStaging, capture_graph
+from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_capture
 from specd.engine.scheduler import TARGET, WorkItem
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
@@ -108,9 +108,7 @@ class TargetGraphRunner:
             raise InvalidArgumentError(f"invalid TargetGraphConfig {config}")
         self.model, self.pool, self.config = model, pool, config
         self.device = model.device
-        self.capture = config.capture if config.capture is not None else self.device.type == "cuda"
-        if self.capture and (self.device.type != "cuda" or not config.buckets):
-            raise InvalidArgumentError("CUDA graph capture needs a CUDA target model and batch buckets")
+        self.capture = wants_capture(config.capture, self.device, config.buckets, "target model")
         self.kv = pool.layers(TARGET)
         self.block_size = pool.block_size(TARGET)
         self.backend = KernelAttention()
