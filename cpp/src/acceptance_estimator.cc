@@ -10,8 +10,6 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
   config_.max_depth = std::max(1, config_.max_depth);
   const auto d = static_cast<std::size_t>(config_.max_depth);
   global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
-  tree_predicted_.assign(static_cast<std::size_t>(num_proposers_), 0.0);
-  tree_accepted_.assign(static_cast<std::size_t>(num_proposers_), 0.0);
 }
 
 Status AcceptanceEstimator::check(int32_t proposer) const {
@@ -40,6 +38,11 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
                         " of depth ", depth);
   if (depth == 0) return Status::Ok();
   add(&global_[static_cast<std::size_t>(proposer)], depth, accepted, config_.global_decay);
+  add(&request_counts(id)[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
+  return Status::Ok();
+}
+
+std::vector<AcceptanceEstimator::Counts>& AcceptanceEstimator::request_counts(RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) {
     const auto d = static_cast<std::size_t>(config_.max_depth);
@@ -47,26 +50,37 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
                                                    Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)}))
              .first;
   }
-  add(&it->second[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
-  return Status::Ok();
+  return it->second;
 }
 
-Status AcceptanceEstimator::observe_tree(int32_t proposer, double predicted, int32_t accepted) {
+Status AcceptanceEstimator::observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted) {
   SPECD_RETURN_IF_ERROR(check(proposer));
   if (!(predicted >= 0.0) || !std::isfinite(predicted) || accepted < 0)
     return error_status(StatusCode::kInvalidArgument, "observe_tree: need a finite predicted >= 0 and accepted >= 0, "
                         "got ", predicted, " and ", accepted);
   const auto p = static_cast<std::size_t>(proposer);
-  tree_predicted_[p] = config_.global_decay * tree_predicted_[p] + predicted;
-  tree_accepted_[p] = config_.global_decay * tree_accepted_[p] + accepted;
+  for (auto [c, decay] : {std::pair{&global_[p], config_.global_decay},
+                          std::pair{&request_counts(id)[p], config_.request_decay}}) {
+    c->tree_predicted = decay * c->tree_predicted + predicted;
+    c->tree_accepted = decay * c->tree_accepted + accepted;
+  }
   return Status::Ok();
 }
 
 double AcceptanceEstimator::tree_calibration(int32_t proposer) const {
   if (proposer < 0 || proposer >= num_proposers_) return 1.0;
-  const auto p = static_cast<std::size_t>(proposer);
+  const Counts& g = global_[static_cast<std::size_t>(proposer)];
   const double m = config_.prior_strength;
-  return (tree_accepted_[p] + m) / (tree_predicted_[p] + m);
+  return (g.tree_accepted + m) / (g.tree_predicted + m);
+}
+
+double AcceptanceEstimator::tree_calibration(RequestId id, int32_t proposer) const {
+  const double global = tree_calibration(proposer);
+  const auto it = requests_.find(id);
+  if (it == requests_.end() || proposer < 0 || proposer >= num_proposers_) return global;
+  const Counts& c = it->second[static_cast<std::size_t>(proposer)];
+  const double m = config_.prior_strength;
+  return (c.tree_accepted + m * global) / (c.tree_predicted + m);
 }
 
 Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
@@ -78,6 +92,8 @@ Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
     c.successes[d] *= config_.idle_decay;
     c.trials[d] *= config_.idle_decay;
   }
+  c.tree_predicted *= config_.idle_decay;
+  c.tree_accepted *= config_.idle_decay;
   return Status::Ok();
 }
 
@@ -88,6 +104,10 @@ Status AcceptanceEstimator::idle_global(int32_t proposer) {
     if (g.successes[d] >= config_.initial_alpha * g.trials[d]) continue;  // at or above the prior: keep
     g.successes[d] *= config_.idle_decay;
     g.trials[d] *= config_.idle_decay;
+  }
+  if (g.tree_accepted < g.tree_predicted) {  // calibration below 1, the prior: fade towards it
+    g.tree_predicted *= config_.idle_decay;
+    g.tree_accepted *= config_.idle_decay;
   }
   return Status::Ok();
 }

@@ -78,7 +78,7 @@ std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t 
       g = node_probs[static_cast<std::size_t>(p)];
       std::sort(g.begin(), g.end(), std::greater<double>());
       if (g.size() > static_cast<std::size_t>(cap)) g.resize(static_cast<std::size_t>(cap));
-      const double c = estimator_.tree_calibration(p);
+      const double c = estimator_.tree_calibration(id, p);
       for (double& x : g) x = std::clamp(c * x, 0.0, 1.0);
       continue;
     }
@@ -234,9 +234,9 @@ Status GoodputController::observe(RequestId id, int32_t proposer, int32_t depth,
   return estimator_.observe(id, proposer, depth, accepted);
 }
 
-Status GoodputController::observe_tree(int32_t proposer, double predicted, int32_t accepted) {
+Status GoodputController::observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted) {
   SPECD_RETURN_IF_ERROR(validate_config());
-  return estimator_.observe_tree(proposer, predicted, accepted);
+  return estimator_.observe_tree(id, proposer, predicted, accepted);
 }
 
 Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, double seconds) {

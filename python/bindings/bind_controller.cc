@@ -93,10 +93,13 @@ void bind_controller(py::module_& m) {
         return out;
       }, py::arg("request"), py::arg("proposer"), py::arg("n"))
       .def("global_alpha", &AcceptanceEstimator::global_alpha, py::arg("proposer"), py::arg("depth"))
-      .def("observe_tree", [](AcceptanceEstimator& e, int32_t proposer, double predicted, int32_t accepted) {
-        check(e.observe_tree(proposer, predicted, accepted));
-      }, py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
-      .def("tree_calibration", &AcceptanceEstimator::tree_calibration, py::arg("proposer"))
+      .def("observe_tree", [](AcceptanceEstimator& e, int64_t request, int32_t proposer, double predicted,
+                              int32_t accepted) { check(e.observe_tree(request, proposer, predicted, accepted)); },
+           py::arg("request"), py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
+      .def("tree_calibration", [](const AcceptanceEstimator& e, int32_t proposer, std::optional<int64_t> request) {
+        return request ? e.tree_calibration(*request, proposer) : e.tree_calibration(proposer);
+      }, py::arg("proposer"), py::arg("request") = py::none(),
+         "The proposer's global tree calibration, or request's (shrunk towards the global one).")
       .def("remove", &AcceptanceEstimator::remove, py::arg("request"));
 
   m.def("optimize_goodput", &optimize, py::arg("requests"), py::arg("target"), py::arg("draft") = nullptr,
@@ -141,9 +144,9 @@ void bind_controller(py::module_& m) {
          py::arg("remaining_tokens"), py::arg("node_probs") = py::none(),
          "Returns (k, proposer, predicted_tokens) lists; proposer -1 where k == 0. node_probs: per request, per "
          "proposer, the candidate nodes' acceptance probabilities (an empty list where a proposer gives none).")
-      .def("observe_tree", [](GoodputController& c, int32_t proposer, double predicted, int32_t accepted) {
-        check(c.observe_tree(proposer, predicted, accepted));
-      }, py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
+      .def("observe_tree", [](GoodputController& c, int64_t id, int32_t proposer, double predicted, int32_t accepted) {
+        check(c.observe_tree(id, proposer, predicted, accepted));
+      }, py::arg("request"), py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
       .def("observe", [](GoodputController& c, int64_t id, int32_t proposer, int32_t depth, int32_t accepted) {
         check(c.observe(id, proposer, depth, accepted));
       }, py::arg("request"), py::arg("proposer"), py::arg("depth"), py::arg("accepted"))

@@ -209,8 +209,8 @@ TEST(GoodputController, ASwitchedOffRequestIsRetriedLater) {
 }
 
 // Model-free trees sized from the step's node probabilities: each request's budget follows
-// its own candidate tree, and the proposer's calibration (realised / predicted accepted
-// drafts) scales them.
+// its own candidate tree, and its calibration (realised / predicted accepted drafts, its own
+// shrunk towards the proposer's) scales them.
 TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
   for (int rep = 0; rep < 3; ++rep)
@@ -235,12 +235,35 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   std::vector<ControllerRequest> plain{{1, 1, 8, 1, 500}, {2, 1, 8, 1, 500}, {3, 1, 8, 1, 500}};
   SPECD_ASSERT_OK(c.decide(plain, &d));
   EXPECT_EQ(d[0].k, 0);
-  // An over-confident proposer: its trees accept half of what their probabilities predict.
+  // An over-confident proposer: request 1's trees accept half of what their probabilities
+  // predict. Its calibration goes to 0.5, and so does the proposer's (the only evidence).
   EXPECT_DOUBLE_EQ(c.estimator().tree_calibration(0), 1.0);
-  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_tree(0, 3.5, (i % 4 < 3) ? 2 : 1));  // 1.75 of 3.5
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_tree(1, 0, 3.5, (i % 4 < 3) ? 2 : 1));  // 1.75 of 3.5
   EXPECT_NEAR(c.estimator().tree_calibration(0), 0.5, 0.02);
+  EXPECT_NEAR(c.estimator().tree_calibration(1, 0), 0.5, 0.02);
+  EXPECT_NEAR(c.estimator().tree_calibration(2, 0), 0.5, 0.02);  // no evidence of its own: the proposer's
   SPECD_ASSERT_OK(c.decide(batch, &d));
   EXPECT_EQ(d[0].k, 0);  // 0.475 and below no longer pay
+  // Request 2's own trees are accepted to the end: its calibration leaves the proposer's, and
+  // the same strong candidates now get their four nodes for it, not for request 1.
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(c.observe_tree(2, 0, 3.5, 4));
+  EXPECT_GT(c.estimator().tree_calibration(2, 0), 1.0);
+  EXPECT_LT(c.estimator().tree_calibration(0), 0.55);
+  batch[1].node_probs = strong;
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  EXPECT_EQ(d[0].k, 0);
+  EXPECT_EQ(d[1].k, 4);
+  // A proposer no request uses fades back to its probabilities at face value (calibration 1),
+  // so early over-confidence cannot switch its trees off for good; request 2 keeps its own.
+  batch[1].node_probs = weak;
+  int back = -1;
+  for (int step = 0; step < 200 && back < 0; ++step) {
+    SPECD_ASSERT_OK(c.decide(batch, &d));
+    if (d[0].k > 0) back = step;
+  }
+  ASSERT_GE(back, 0) << "request 1's trees were never retried";
+  EXPECT_LE(back, 100);
+  EXPECT_GT(c.estimator().tree_calibration(0), 0.64);
   // Bad input.
   const std::vector<std::vector<double>> two{{0.5}, {0.5}};  // two entries for one proposer
   batch[1].node_probs = two;
@@ -248,9 +271,9 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   const std::vector<std::vector<double>> above{{1.5}};
   batch[1].node_probs = above;
   SPECD_EXPECT_CODE(c.decide(batch, &d), kInvalidArgument);
-  SPECD_EXPECT_CODE(c.observe_tree(0, -1.0, 0), kInvalidArgument);
-  SPECD_EXPECT_CODE(c.observe_tree(0, 1.0, -1), kInvalidArgument);
-  SPECD_EXPECT_CODE(c.observe_tree(3, 1.0, 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(1, 0, -1.0, 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(1, 0, 1.0, -1), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_tree(1, 3, 1.0, 0), kInvalidArgument);
 }
 
 TEST(GoodputController, ColdStartAndBadInput) {

@@ -191,13 +191,14 @@ def test_model_free_trees_are_sized_from_their_node_probabilities(setup, method)
     from specd.engine.goodput import GoodputPolicy
 
     target, _, _, prompts, baseline = setup
-    seen, trees = [], []
+    seen, trees, calibrations = [], [], []
 
     class Spy(GoodputPolicy):
         def decide(self, batch):
             decisions = super().decide(batch)
             for s, d in zip(batch, decisions):
                 seen.append((s.k_max, s.node_probs, d))
+            calibrations.append(len({self.estimator.tree_calibration(0, request=s.request.id) for s in batch}))
             return decisions
 
         def observe_tree(self, request, m, predicted, accepted):
@@ -223,6 +224,7 @@ def test_model_free_trees_are_sized_from_their_node_probabilities(setup, method)
     predicted, accepted = sum(p for p, _ in trees), sum(a for _, a in trees)
     calibration = policy.estimator.tree_calibration(0)  # learned from the trees (prior: 1)
     assert calibration != 1.0
+    assert max(calibrations) > 1  # in one step, requests differ: each one's own evidence moves its calibration
     if abs(accepted / predicted - 1) > 0.2:
         assert (calibration < 1) == (accepted < predicted), (calibration, accepted, predicted)
     assert llm.metrics()["acceptance_rate"] > 0

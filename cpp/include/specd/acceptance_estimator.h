@@ -31,12 +31,21 @@
 //   is idle (say, while a batch is compute-bound) would only make it harder to retry.
 // - Tree calibration: a proposer that estimates each node's probability of acceptance
 //   (the suffix and n-gram proposers' node_probs, from frequencies in the text) can be
-//   over- or under-confident. For such a proposer, a verify step whose drafts' probabilities
-//   summed to P with A drafts accepted adds P and A to decayed per-proposer sums
-//   (observe_tree); tree_calibration() = (sum A + m) / (sum P + m) with m = prior_strength:
-//   1 before data (the probabilities taken at face value), then the ratio of realised to
-//   predicted accepted drafts. (If they are calibrated, the expected number of accepted
-//   drafts is the sum of the nodes' probabilities of lying on the accepted path.)
+//   over- or under-confident. For such a proposer, a verify step of request r whose drafts'
+//   probabilities summed to P with A drafts accepted adds P and A to decayed sums: the
+//   proposer's global pair (global_decay) and the request's own (request_decay)
+//   (observe_tree). The global calibration is c_g = (sum A + m) / (sum P + m), with
+//   m = prior_strength: 1 before data (the probabilities taken at face value), then the ratio
+//   of realised to predicted accepted drafts. The request's is shrunk towards it like an
+//   acceptance rate: c_r = (A_r + m c_g) / (P_r + m) (tree_calibration(id, proposer)).
+//   The same counts of one match mean different things in different requests (a prompt
+//   that repeats an earlier request's text is accepted to the end, a coincidental match
+//   mostly not: in the suffix-tree load benchmark a tenth of the requests realise under half
+//   of their predicted drafts while the median realises 94%), so the request's own evidence
+//   decides once it has some.
+//   Fading as for the rates: idle() fades the request's pair, idle_global() the global pair
+//   while its calibration is below 1, so that early over-confidence (trees of a cold index)
+//   cannot switch trees off for good.
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 
@@ -73,11 +82,13 @@ class AcceptanceEstimator {
   Status alphas(RequestId id, int32_t proposer, Span<double> out) const;
   // The proposer's global estimate at depth d (1-based).
   double global_alpha(int32_t proposer, int32_t depth) const;
-  // One verify step of a tree whose drafts' node probabilities summed to `predicted` (>= 0,
-  // finite) and of which `accepted` (>= 0) were accepted (rules above).
-  Status observe_tree(int32_t proposer, double predicted, int32_t accepted);
-  // The factor that turns the proposer's node probabilities into acceptance probabilities.
+  // One verify step of request `id`'s tree whose drafts' node probabilities summed to
+  // `predicted` (>= 0, finite) and of which `accepted` (>= 0) were accepted (rules above).
+  Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
+  // The factor that turns the proposer's node probabilities into acceptance probabilities:
+  // the proposer's global calibration, and request `id`'s (the global one without data).
   double tree_calibration(int32_t proposer) const;
+  double tree_calibration(RequestId id, int32_t proposer) const;
   // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
   Status idle(RequestId id, int32_t proposer);
   // A step in which no request used `proposer`: its global counts fade (rules above).
@@ -88,14 +99,15 @@ class AcceptanceEstimator {
  private:
   struct Counts {
     std::vector<double> successes, trials;  // [max_depth]
+    double tree_predicted = 0.0, tree_accepted = 0.0;  // decayed sums (tree calibration)
   };
   Status check(int32_t proposer) const;
   static void add(Counts* c, int32_t depth, int32_t accepted, double decay);
+  std::vector<Counts>& request_counts(RequestId id);
 
   AcceptanceEstimatorConfig config_;
   int32_t num_proposers_;
   std::vector<Counts> global_;                                 // [num_proposers]
-  std::vector<double> tree_predicted_, tree_accepted_;         // [num_proposers] decayed sums
   std::unordered_map<RequestId, std::vector<Counts>> requests_;  // [num_proposers] each
 };
 

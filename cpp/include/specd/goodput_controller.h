@@ -11,7 +11,7 @@
 //    per-request, per-depth acceptance), for j up to min(config k_max, request k_max).
 //    Where the request brings node probabilities (the model-free proposers' candidate
 //    trees for this step, ControllerRequest::node_probs), a model-free p's gains are those
-//    probabilities, sorted in decreasing order and times the proposer's tree calibration
+//    probabilities, sorted in decreasing order and times the request's tree calibration
 //    (AcceptanceEstimator::tree_calibration, capped at 1): the j-th draft of a node budget
 //    is the j-th most probable node, so k is the tree's node budget, chosen from this
 //    request's own evidence in this step (a repeated passage: a deep or wide tree; a weak
@@ -97,9 +97,9 @@ class GoodputController {
   Status decide(Span<const ControllerRequest> batch, std::vector<ControllerDecision>* decisions_out);
 
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
-  // A verified tree of `proposer` whose drafts' node probabilities summed to `predicted`
-  // (AcceptanceEstimator::observe_tree).
-  Status observe_tree(int32_t proposer, double predicted, int32_t accepted);
+  // A verified tree of request `id` by `proposer` whose drafts' node probabilities summed to
+  // `predicted` (AcceptanceEstimator::observe_tree).
+  Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
   void observe_overhead(double seconds);
   void observe_load(int64_t waiting, int32_t max_batch) { load_.queue(waiting, max_batch); }

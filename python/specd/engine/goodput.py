@@ -16,7 +16,8 @@ to indices, StepRequest fields to lists). Per step the controller
 Token trees of the model-free proposers (n-gram, suffix) are sized by the same k, their node
 budget, with gains from the step's own candidate tree: the engine probes the proposer with a
 budget of k_max, and the j-th draft's gain is the j-th most probable node's probability times
-the proposer's learned calibration (realised over predicted accepted drafts). The budget, and
+the request's learned calibration (realised over predicted accepted drafts, shrunk towards
+the proposer's). The budget, and
 with it the tree's depth and width, thus follows each request's evidence in each step. The
 maths is in docs/controller.md.
 """
@@ -71,9 +72,9 @@ class GoodputPolicy:
 
     def observe_tree(self, request: Request, method: str, predicted: float, accepted: int) -> None:
         """A verified tree of a model-free proposer: its drafts' node probabilities summed to
-        `predicted`; `accepted` drafts passed (the proposer's calibration)."""
+        `predicted`; `accepted` drafts passed (the request's and the proposer's calibration)."""
         if method in self.methods:
-            self.controller.observe_tree(self.methods.index(method), predicted, accepted)
+            self.controller.observe_tree(request.id, self.methods.index(method), predicted, accepted)
 
     def observe_forward(self, model: str, tokens: int, seconds: float) -> None:
         self.controller.observe_forward(model, tokens, seconds)
