@@ -53,34 +53,44 @@ std::vector<AcceptanceEstimator::Counts>& AcceptanceEstimator::request_counts(Re
   return it->second;
 }
 
-Status AcceptanceEstimator::observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted) {
+int32_t AcceptanceEstimator::tree_class(double strength) {
+  const double c = std::floor(std::log2(1.0 + std::max(0.0, strength)));
+  return static_cast<int32_t>(std::clamp(c, 0.0, static_cast<double>(kTreeClasses - 1)));
+}
+
+Status AcceptanceEstimator::observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted,
+                                         double strength) {
   SPECD_RETURN_IF_ERROR(check(proposer));
-  if (!(predicted >= 0.0) || !std::isfinite(predicted) || accepted < 0)
-    return error_status(StatusCode::kInvalidArgument, "observe_tree: need a finite predicted >= 0 and accepted >= 0, "
-                        "got ", predicted, " and ", accepted);
+  if (!(predicted >= 0.0) || !std::isfinite(predicted) || accepted < 0 || !(strength >= 0.0) || !std::isfinite(strength))
+    return error_status(StatusCode::kInvalidArgument, "observe_tree: need finite predicted and strength >= 0 and "
+                        "accepted >= 0, got ", predicted, ", ", strength, " and ", accepted);
   const auto p = static_cast<std::size_t>(proposer);
-  for (auto [c, decay] : {std::pair{&global_[p], config_.global_decay},
-                          std::pair{&request_counts(id)[p], config_.request_decay}}) {
-    c->tree_predicted = decay * c->tree_predicted + predicted;
-    c->tree_accepted = decay * c->tree_accepted + accepted;
-  }
+  const double expected = tree_calibration(proposer, strength) * predicted;
+  Counts& r = request_counts(id)[p];
+  r.tree_predicted[0] = config_.request_decay * r.tree_predicted[0] + expected;
+  r.tree_accepted[0] = config_.request_decay * r.tree_accepted[0] + accepted;
+  Counts& g = global_[p];
+  const auto c = static_cast<std::size_t>(tree_class(strength));
+  g.tree_predicted[c] = config_.global_decay * g.tree_predicted[c] + predicted;
+  g.tree_accepted[c] = config_.global_decay * g.tree_accepted[c] + accepted;
   return Status::Ok();
 }
 
-double AcceptanceEstimator::tree_calibration(int32_t proposer) const {
+double AcceptanceEstimator::tree_calibration(int32_t proposer, double strength) const {
   if (proposer < 0 || proposer >= num_proposers_) return 1.0;
   const Counts& g = global_[static_cast<std::size_t>(proposer)];
+  const auto c = static_cast<std::size_t>(tree_class(strength));
   const double m = config_.prior_strength;
-  return (g.tree_accepted + m) / (g.tree_predicted + m);
+  return (g.tree_accepted[c] + m) / (g.tree_predicted[c] + m);
 }
 
-double AcceptanceEstimator::tree_calibration(RequestId id, int32_t proposer) const {
-  const double global = tree_calibration(proposer);
+double AcceptanceEstimator::tree_calibration(RequestId id, int32_t proposer, double strength) const {
+  const double global = tree_calibration(proposer, strength);
   const auto it = requests_.find(id);
   if (it == requests_.end() || proposer < 0 || proposer >= num_proposers_) return global;
-  const Counts& c = it->second[static_cast<std::size_t>(proposer)];
+  const Counts& r = it->second[static_cast<std::size_t>(proposer)];
   const double m = config_.prior_strength;
-  return (c.tree_accepted + m * global) / (c.tree_predicted + m);
+  return global * (r.tree_accepted[0] + m) / (r.tree_predicted[0] + m);
 }
 
 Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
@@ -92,8 +102,8 @@ Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
     c.successes[d] *= config_.idle_decay;
     c.trials[d] *= config_.idle_decay;
   }
-  c.tree_predicted *= config_.idle_decay;
-  c.tree_accepted *= config_.idle_decay;
+  c.tree_predicted[0] *= config_.idle_decay;
+  c.tree_accepted[0] *= config_.idle_decay;
   return Status::Ok();
 }
 
@@ -105,9 +115,10 @@ Status AcceptanceEstimator::idle_global(int32_t proposer) {
     g.successes[d] *= config_.idle_decay;
     g.trials[d] *= config_.idle_decay;
   }
-  if (g.tree_accepted < g.tree_predicted) {  // calibration below 1, the prior: fade towards it
-    g.tree_predicted *= config_.idle_decay;
-    g.tree_accepted *= config_.idle_decay;
+  for (int32_t c = 0; c < kTreeClasses; ++c) {
+    if (g.tree_accepted[c] >= g.tree_predicted[c]) continue;  // at or above 1, the prior: keep
+    g.tree_predicted[c] *= config_.idle_decay;
+    g.tree_accepted[c] *= config_.idle_decay;
   }
   return Status::Ok();
 }

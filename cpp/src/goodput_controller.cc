@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <numeric>
 #include <utility>
 
 namespace specd {
@@ -76,9 +77,10 @@ std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t 
     auto& g = out[static_cast<std::size_t>(p)];
     if (!node_probs.empty() && !config_.proposer_uses_draft[static_cast<std::size_t>(p)]) {
       g = node_probs[static_cast<std::size_t>(p)];
+      const double strength = std::accumulate(g.begin(), g.end(), 0.0);
       std::sort(g.begin(), g.end(), std::greater<double>());
       if (g.size() > static_cast<std::size_t>(cap)) g.resize(static_cast<std::size_t>(cap));
-      const double c = estimator_.tree_calibration(id, p);
+      const double c = estimator_.tree_calibration(id, p, strength);
       for (double& x : g) x = std::clamp(c * x, 0.0, 1.0);
       continue;
     }
@@ -113,8 +115,14 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   if (n == 0) return Status::Ok();
 
   std::vector<Gains> all(n);
-  for (std::size_t i = 0; i < n; ++i)
+  for (std::size_t i = 0; i < n; ++i) {
     all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max), batch[i].node_probs);
+    if (batch[i].node_probs.empty()) continue;
+    std::vector<double>& strength = tree_strength_[batch[i].id];  // for observe_tree
+    strength.assign(static_cast<std::size_t>(num_proposers()), 0.0);
+    for (std::size_t p = 0; p < strength.size(); ++p)
+      strength[p] = std::accumulate(batch[i].node_probs[p].begin(), batch[i].node_probs[p].end(), 0.0);
+  }
   const std::vector<bool> all_allowed(static_cast<std::size_t>(num_proposers()), true);
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
 
@@ -236,7 +244,11 @@ Status GoodputController::observe(RequestId id, int32_t proposer, int32_t depth,
 
 Status GoodputController::observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted) {
   SPECD_RETURN_IF_ERROR(validate_config());
-  return estimator_.observe_tree(id, proposer, predicted, accepted);
+  double strength = predicted;  // without a probe in decide: the tree itself
+  const auto it = tree_strength_.find(id);
+  if (it != tree_strength_.end() && proposer >= 0 && static_cast<std::size_t>(proposer) < it->second.size())
+    strength = it->second[static_cast<std::size_t>(proposer)];
+  return estimator_.observe_tree(id, proposer, predicted, accepted, strength);
 }
 
 Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, double seconds) {
@@ -254,6 +266,7 @@ void GoodputController::observe_overhead(double seconds) {
 
 void GoodputController::forget(RequestId id, int64_t generated_tokens) {
   estimator_.remove(id);
+  tree_strength_.erase(id);
   load_.finish(id, generated_tokens);
 }
 

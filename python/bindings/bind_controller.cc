@@ -94,12 +94,16 @@ void bind_controller(py::module_& m) {
       }, py::arg("request"), py::arg("proposer"), py::arg("n"))
       .def("global_alpha", &AcceptanceEstimator::global_alpha, py::arg("proposer"), py::arg("depth"))
       .def("observe_tree", [](AcceptanceEstimator& e, int64_t request, int32_t proposer, double predicted,
-                              int32_t accepted) { check(e.observe_tree(request, proposer, predicted, accepted)); },
-           py::arg("request"), py::arg("proposer"), py::arg("predicted"), py::arg("accepted"))
-      .def("tree_calibration", [](const AcceptanceEstimator& e, int32_t proposer, std::optional<int64_t> request) {
-        return request ? e.tree_calibration(*request, proposer) : e.tree_calibration(proposer);
-      }, py::arg("proposer"), py::arg("request") = py::none(),
-         "The proposer's global tree calibration, or request's (shrunk towards the global one).")
+                              int32_t accepted, std::optional<double> strength) {
+        check(e.observe_tree(request, proposer, predicted, accepted, strength.value_or(predicted)));
+      }, py::arg("request"), py::arg("proposer"), py::arg("predicted"), py::arg("accepted"),
+         py::arg("strength") = py::none(), "strength: the candidate tree's summed node probabilities (default: predicted)")
+      .def("tree_calibration", [](const AcceptanceEstimator& e, int32_t proposer, double strength,
+                                  std::optional<int64_t> request) {
+        return request ? e.tree_calibration(*request, proposer, strength) : e.tree_calibration(proposer, strength);
+      }, py::arg("proposer"), py::arg("strength"), py::arg("request") = py::none(),
+         "The proposer's tree calibration for trees of this strength (summed node probabilities), or the "
+         "request's (times its own realised over expected accepted drafts).")
       .def("remove", &AcceptanceEstimator::remove, py::arg("request"));
 
   m.def("optimize_goodput", &optimize, py::arg("requests"), py::arg("target"), py::arg("draft") = nullptr,

@@ -235,26 +235,31 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   std::vector<ControllerRequest> plain{{1, 1, 8, 1, 500}, {2, 1, 8, 1, 500}, {3, 1, 8, 1, 500}};
   SPECD_ASSERT_OK(c.decide(plain, &d));
   EXPECT_EQ(d[0].k, 0);
-  // An over-confident proposer: request 1's trees accept half of what their probabilities
-  // predict. Its calibration goes to 0.5, and so does the proposer's (the only evidence).
-  EXPECT_DOUBLE_EQ(c.estimator().tree_calibration(0), 1.0);
+  // An over-confident proposer: request 1's trees (strength 3.6, the sum of its candidates'
+  // probabilities) accept half of what their probabilities predict. Calibration for that
+  // strength goes to 0.5, for the request and the proposer; weak trees keep theirs.
+  constexpr double kStrong = 3.6, kWeak = 0.35;
+  EXPECT_DOUBLE_EQ(c.estimator().tree_calibration(0, kStrong), 1.0);
   for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_tree(1, 0, 3.5, (i % 4 < 3) ? 2 : 1));  // 1.75 of 3.5
-  EXPECT_NEAR(c.estimator().tree_calibration(0), 0.5, 0.02);
-  EXPECT_NEAR(c.estimator().tree_calibration(1, 0), 0.5, 0.02);
-  EXPECT_NEAR(c.estimator().tree_calibration(2, 0), 0.5, 0.02);  // no evidence of its own: the proposer's
+  EXPECT_NEAR(c.estimator().tree_calibration(0, kStrong), 0.5, 0.02);
+  EXPECT_NEAR(c.estimator().tree_calibration(1, 0, kStrong), 0.5, 0.02);
+  EXPECT_NEAR(c.estimator().tree_calibration(2, 0, kStrong), 0.5, 0.02);  // no trees of its own: the proposer's
+  EXPECT_DOUBLE_EQ(c.estimator().tree_calibration(0, kWeak), 1.0);       // another strength class
   SPECD_ASSERT_OK(c.decide(batch, &d));
   EXPECT_EQ(d[0].k, 0);  // 0.475 and below no longer pay
-  // Request 2's own trees are accepted to the end: its calibration leaves the proposer's, and
-  // the same strong candidates now get their four nodes for it, not for request 1.
-  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(c.observe_tree(2, 0, 3.5, 4));
-  EXPECT_GT(c.estimator().tree_calibration(2, 0), 1.0);
-  EXPECT_LT(c.estimator().tree_calibration(0), 0.55);
+  // Request 2's own trees of the same strength are accepted to the end: its calibration
+  // leaves the proposer's, and the same strong candidates get their four nodes for it only.
   batch[1].node_probs = strong;
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  EXPECT_EQ(d[1].k, 0);
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(c.observe_tree(2, 0, 3.5, 4));
+  EXPECT_GT(c.estimator().tree_calibration(2, 0, kStrong), 1.0);
+  EXPECT_LT(c.estimator().tree_calibration(0, kStrong), 0.6);
   SPECD_ASSERT_OK(c.decide(batch, &d));
   EXPECT_EQ(d[0].k, 0);
   EXPECT_EQ(d[1].k, 4);
   // A proposer no request uses fades back to its probabilities at face value (calibration 1),
-  // so early over-confidence cannot switch its trees off for good; request 2 keeps its own.
+  // so early over-confidence cannot switch its trees off for good.
   batch[1].node_probs = weak;
   int back = -1;
   for (int step = 0; step < 200 && back < 0; ++step) {
@@ -263,7 +268,7 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   }
   ASSERT_GE(back, 0) << "request 1's trees were never retried";
   EXPECT_LE(back, 100);
-  EXPECT_GT(c.estimator().tree_calibration(0), 0.64);
+  EXPECT_GT(c.estimator().tree_calibration(0, kStrong), 0.64);
   // Bad input.
   const std::vector<std::vector<double>> two{{0.5}, {0.5}};  // two entries for one proposer
   batch[1].node_probs = two;

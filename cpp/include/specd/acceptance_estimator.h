@@ -31,20 +31,23 @@
 //   is idle (say, while a batch is compute-bound) would only make it harder to retry.
 // - Tree calibration: a proposer that estimates each node's probability of acceptance
 //   (the suffix and n-gram proposers' node_probs, from frequencies in the text) can be
-//   over- or under-confident. For such a proposer, a verify step of request r whose drafts'
-//   probabilities summed to P with A drafts accepted adds P and A to decayed sums: the
-//   proposer's global pair (global_decay) and the request's own (request_decay)
-//   (observe_tree). The global calibration is c_g = (sum A + m) / (sum P + m), with
-//   m = prior_strength: 1 before data (the probabilities taken at face value), then the ratio
-//   of realised to predicted accepted drafts. The request's is shrunk towards it like an
-//   acceptance rate: c_r = (A_r + m c_g) / (P_r + m) (tree_calibration(id, proposer)).
-//   The same counts of one match mean different things in different requests (a prompt
-//   that repeats an earlier request's text is accepted to the end, a coincidental match
-//   mostly not: in the suffix-tree load benchmark a tenth of the requests realise under half
-//   of their predicted drafts while the median realises 94%), so the request's own evidence
-//   decides once it has some.
-//   Fading as for the rates: idle() fades the request's pair, idle_global() the global pair
-//   while its calibration is below 1, so that early over-confidence (trees of a cold index)
+//   over- or under-confident, and how much depends on the evidence behind the tree: one
+//   occurrence of a continuation gives probability 1 as surely as twenty do. In the
+//   suffix-tree load benchmark (static budget 8), trees whose candidates' probabilities
+//   summed to under 2 realised 47% of that sum, trees summing to 7.5 or more 97%; a tenth of
+//   the requests realised under half, the median request 94%. So the calibration has two
+//   factors, both decayed ratios of realised to predicted accepted drafts:
+//   - the proposer's, per strength class of the tree: strength S is the sum of the node
+//     probabilities of the request's whole candidate tree in that step (the probe at the
+//     request's largest budget, before k is chosen), class floor(log2(1 + S)) (S < 1, < 3,
+//     < 7, < 15, ...). A verified tree whose drafts' probabilities summed to P with A
+//     accepted adds P and A to its class's sums (global_decay);
+//     c_g(S) = (sum A + m) / (sum P + m), m = prior_strength: 1 before data;
+//   - the request's: its trees' accepted drafts over what c_g predicted for them, decayed
+//     per observation (request_decay), f_r = (A_r + m) / (E_r + m).
+//   tree_calibration(id, proposer, S) = c_g(S) f_r (observe_tree records both).
+//   Fading as for the rates: idle() fades the request's sums, idle_global() every class
+//   whose calibration is below 1, so that early over-confidence (trees of a cold index)
 //   cannot switch trees off for good.
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
@@ -83,12 +86,16 @@ class AcceptanceEstimator {
   // The proposer's global estimate at depth d (1-based).
   double global_alpha(int32_t proposer, int32_t depth) const;
   // One verify step of request `id`'s tree whose drafts' node probabilities summed to
-  // `predicted` (>= 0, finite) and of which `accepted` (>= 0) were accepted (rules above).
-  Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
-  // The factor that turns the proposer's node probabilities into acceptance probabilities:
-  // the proposer's global calibration, and request `id`'s (the global one without data).
-  double tree_calibration(int32_t proposer) const;
-  double tree_calibration(RequestId id, int32_t proposer) const;
+  // `predicted` (>= 0, finite) and of which `accepted` (>= 0) were accepted; `strength`
+  // (>= 0, finite) is the sum over the whole candidate tree it was chosen from (rules above).
+  Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted, double strength);
+  // The factor that turns the proposer's node probabilities into acceptance probabilities
+  // for a tree of this strength: the proposer's (c_g), and request `id`'s (c_g f_r; c_g for
+  // a request without trees).
+  double tree_calibration(int32_t proposer, double strength) const;
+  double tree_calibration(RequestId id, int32_t proposer, double strength) const;
+  static constexpr int32_t kTreeClasses = 8;  // strength classes (the last one takes the rest)
+  static int32_t tree_class(double strength);
   // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
   Status idle(RequestId id, int32_t proposer);
   // A step in which no request used `proposer`: its global counts fade (rules above).
@@ -99,7 +106,9 @@ class AcceptanceEstimator {
  private:
   struct Counts {
     std::vector<double> successes, trials;  // [max_depth]
-    double tree_predicted = 0.0, tree_accepted = 0.0;  // decayed sums (tree calibration)
+    // Tree calibration, decayed sums: global counts per strength class (predicted and
+    // accepted drafts); a request's in [0] (expected by the classes' calibration, accepted).
+    double tree_predicted[kTreeClasses] = {}, tree_accepted[kTreeClasses] = {};
   };
   Status check(int32_t proposer) const;
   static void add(Counts* c, int32_t depth, int32_t accepted, double decay);

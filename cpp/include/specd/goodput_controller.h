@@ -12,7 +12,7 @@
 //    Where the request brings node probabilities (the model-free proposers' candidate
 //    trees for this step, ControllerRequest::node_probs), a model-free p's gains are those
 //    probabilities, sorted in decreasing order and times the request's tree calibration
-//    (AcceptanceEstimator::tree_calibration, capped at 1): the j-th draft of a node budget
+//    for a tree of that strength (their sum; AcceptanceEstimator::tree_calibration, capped at 1): the j-th draft of a node budget
 //    is the j-th most probable node, so k is the tree's node budget, chosen from this
 //    request's own evidence in this step (a repeated passage: a deep or wide tree; a weak
 //    match: a small one or none; no candidates: k = 0).
@@ -47,6 +47,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "specd/acceptance_estimator.h"
@@ -98,7 +99,8 @@ class GoodputController {
 
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
   // A verified tree of request `id` by `proposer` whose drafts' node probabilities summed to
-  // `predicted` (AcceptanceEstimator::observe_tree).
+  // `predicted` (AcceptanceEstimator::observe_tree, with the strength of the candidate tree
+  // of the request's last decide; without one, `predicted`).
   Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
   void observe_overhead(double seconds);
@@ -132,6 +134,9 @@ class GoodputController {
   double overhead_ = 0.0;
   int64_t steps_ = 0;
   LoadForecast load_;
+  // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
+  // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).
+  std::unordered_map<RequestId, std::vector<double>> tree_strength_;
 };
 
 }  // namespace specd
