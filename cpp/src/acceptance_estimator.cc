@@ -10,6 +10,7 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
   config_.max_depth = std::max(1, config_.max_depth);
   const auto d = static_cast<std::size_t>(config_.max_depth);
   global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
+  tree_classes_.assign(static_cast<std::size_t>(num_proposers_), {});
 }
 
 Status AcceptanceEstimator::check(int32_t proposer) const {
@@ -66,31 +67,22 @@ Status AcceptanceEstimator::observe_tree(RequestId id, int32_t proposer, double 
                         "accepted >= 0, got ", predicted, ", ", strength, " and ", accepted);
   const auto p = static_cast<std::size_t>(proposer);
   const double expected = tree_calibration(proposer, strength) * predicted;
-  Counts& r = request_counts(id)[p];
-  r.tree_predicted[0] = config_.request_decay * r.tree_predicted[0] + expected;
-  r.tree_accepted[0] = config_.request_decay * r.tree_accepted[0] + accepted;
-  Counts& g = global_[p];
-  const auto c = static_cast<std::size_t>(tree_class(strength));
-  g.tree_predicted[c] = config_.global_decay * g.tree_predicted[c] + predicted;
-  g.tree_accepted[c] = config_.global_decay * g.tree_accepted[c] + accepted;
+  request_counts(id)[p].tree.add(expected, accepted, config_.request_decay);
+  tree_classes_[p][static_cast<std::size_t>(tree_class(strength))].add(predicted, accepted, config_.global_decay);
   return Status::Ok();
 }
 
 double AcceptanceEstimator::tree_calibration(int32_t proposer, double strength) const {
   if (proposer < 0 || proposer >= num_proposers_) return 1.0;
-  const Counts& g = global_[static_cast<std::size_t>(proposer)];
-  const auto c = static_cast<std::size_t>(tree_class(strength));
-  const double m = config_.prior_strength;
-  return (g.tree_accepted[c] + m) / (g.tree_predicted[c] + m);
+  return tree_classes_[static_cast<std::size_t>(proposer)][static_cast<std::size_t>(tree_class(strength))].ratio(
+      config_.prior_strength);
 }
 
 double AcceptanceEstimator::tree_calibration(RequestId id, int32_t proposer, double strength) const {
   const double global = tree_calibration(proposer, strength);
   const auto it = requests_.find(id);
   if (it == requests_.end() || proposer < 0 || proposer >= num_proposers_) return global;
-  const Counts& r = it->second[static_cast<std::size_t>(proposer)];
-  const double m = config_.prior_strength;
-  return global * (r.tree_accepted[0] + m) / (r.tree_predicted[0] + m);
+  return global * it->second[static_cast<std::size_t>(proposer)].tree.ratio(config_.prior_strength);
 }
 
 Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
@@ -102,8 +94,7 @@ Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
     c.successes[d] *= config_.idle_decay;
     c.trials[d] *= config_.idle_decay;
   }
-  c.tree_predicted[0] *= config_.idle_decay;
-  c.tree_accepted[0] *= config_.idle_decay;
+  c.tree.fade(config_.idle_decay);
   return Status::Ok();
 }
 
@@ -115,11 +106,8 @@ Status AcceptanceEstimator::idle_global(int32_t proposer) {
     g.successes[d] *= config_.idle_decay;
     g.trials[d] *= config_.idle_decay;
   }
-  for (int32_t c = 0; c < kTreeClasses; ++c) {
-    if (g.tree_accepted[c] >= g.tree_predicted[c]) continue;  // at or above 1, the prior: keep
-    g.tree_predicted[c] *= config_.idle_decay;
-    g.tree_accepted[c] *= config_.idle_decay;
-  }
+  for (TreeSums& c : tree_classes_[static_cast<std::size_t>(proposer)])
+    if (c.accepted < c.predicted) c.fade(config_.idle_decay);  // at or above 1, the prior: keep
   return Status::Ok();
 }
 

@@ -52,6 +52,7 @@
 // Nothing here needs tuning by a user: the constants in the config are fixed defaults.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -104,11 +105,19 @@ class AcceptanceEstimator {
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
  private:
+  // Decayed sums of predicted and accepted drafts (tree calibration).
+  struct TreeSums {
+    double predicted = 0.0, accepted = 0.0;
+    void add(double p, double a, double decay) {
+      predicted = decay * predicted + p;
+      accepted = decay * accepted + a;
+    }
+    void fade(double decay) { add(0.0, 0.0, decay); }
+    double ratio(double m) const { return (accepted + m) / (predicted + m); }  // 1 before data
+  };
   struct Counts {
     std::vector<double> successes, trials;  // [max_depth]
-    // Tree calibration, decayed sums: global counts per strength class (predicted and
-    // accepted drafts); a request's in [0] (expected by the classes' calibration, accepted).
-    double tree_predicted[kTreeClasses] = {}, tree_accepted[kTreeClasses] = {};
+    TreeSums tree;  // a request's trees: accepted against what the classes' calibration expected
   };
   Status check(int32_t proposer) const;
   static void add(Counts* c, int32_t depth, int32_t accepted, double decay);
@@ -117,6 +126,7 @@ class AcceptanceEstimator {
   AcceptanceEstimatorConfig config_;
   int32_t num_proposers_;
   std::vector<Counts> global_;                                 // [num_proposers]
+  std::vector<std::array<TreeSums, kTreeClasses>> tree_classes_;  // [num_proposers] per strength class
   std::unordered_map<RequestId, std::vector<Counts>> requests_;  // [num_proposers] each
 };
 
