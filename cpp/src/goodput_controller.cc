@@ -60,6 +60,8 @@ Status GoodputController::validate_config() const {
     return error_status(StatusCode::kInvalidArgument, "GoodputController: k_max must be >= 0, got ", config_.k_max);
   if (!(config_.overhead_decay >= 0.0 && config_.overhead_decay < 1.0))
     return error_status(StatusCode::kInvalidArgument, "GoodputController: overhead_decay must be in [0, 1)");
+  if (!(config_.long_run_decay >= 0.0 && config_.long_run_decay < 1.0))
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: long_run_decay must be in [0, 1)");
   return Status::Ok();
 }
 
@@ -126,18 +128,23 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   const std::vector<bool> all_allowed(static_cast<std::size_t>(num_proposers()), true);
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
 
-  // The typical step: decode only, every draft in sync. Its optimal goodput prices this step.
+  // The typical step: decode only, every draft in sync. Its optimal goodput G*, or the
+  // long-run goodput where lower, prices this step (header: "The long-run price").
   StepProblem typical_step;
   for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, in_sync, all_allowed);
+  const Span<const SpecRequest> typical_requests = typical_step.finish();
   Allocation steady;
-  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_step.finish(), costs(0.0, static_cast<int64_t>(n)), &steady));
+  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n)), &steady));
+  const double price = this->price(steady.goodput);
   const bool typical = std::all_of(batch.begin(), batch.end(), [](const ControllerRequest& r) {
     return r.base_tokens == 1 && r.draft_catch_up <= 1;
   });
 
   Allocation plan;
-  if (typical) {
+  if (typical && price >= steady.goodput) {
     plan = std::move(steady);
+  } else if (typical) {
+    SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(price, static_cast<int64_t>(n)), &plan));
   } else {
     const std::vector<bool> invest = worth_catching_up(batch, all, steady);
     StepProblem step;
@@ -157,7 +164,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     }
     int64_t base_total = 0;
     for (const ControllerRequest& r : batch) base_total += r.base_tokens;
-    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(steady.goodput, base_total), &plan));
+    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(price, base_total), &plan));
   }
   for (std::size_t i = 0; i < n; ++i) {
     ControllerDecision& d = (*decisions_out)[i];
@@ -262,6 +269,26 @@ void GoodputController::observe_overhead(double seconds) {
   const double keep = steps_ > 0 ? config_.overhead_decay : 0.0;
   overhead_ = keep * overhead_ + (1 - keep) * std::max(0.0, seconds);
   ++steps_;
+}
+
+Status GoodputController::observe_step(int64_t emitted_tokens, double seconds, int64_t waiting) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  if (emitted_tokens < 0 || waiting < 0 || !(seconds >= 0.0) || !std::isfinite(seconds))
+    return error_status(StatusCode::kInvalidArgument, "GoodputController::observe_step: tokens ", emitted_tokens,
+                        ", seconds ", seconds, " and waiting ", waiting, " must be >= 0 and finite");
+  const double keep = config_.long_run_decay;
+  run_tokens_ = keep * run_tokens_ + static_cast<double>(emitted_tokens);
+  run_seconds_ = keep * run_seconds_ + seconds;
+  run_steps_ = keep * run_steps_ + 1.0;
+  backlog_steps_ = keep * backlog_steps_ + (waiting > 0 ? 1.0 : 0.0);
+  return Status::Ok();
+}
+
+double GoodputController::price(double g_star) const {
+  const double run = long_run_goodput();
+  if (run <= 0 || run >= g_star) return g_star;
+  const double w = backlog_share();
+  return (1 - w) * g_star + w * run;
 }
 
 void GoodputController::forget(RequestId id, int64_t generated_tokens) {

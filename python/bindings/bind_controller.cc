@@ -160,12 +160,23 @@ void bind_controller(py::module_& m) {
         check(c.observe_forward(model == "target" ? ForwardKind::kTarget : ForwardKind::kDraft, tokens, seconds));
       }, py::arg("model"), py::arg("tokens"), py::arg("seconds"))
       .def("observe_overhead", &GoodputController::observe_overhead, py::arg("seconds"))
+      .def("observe_step", [](GoodputController& c, int64_t tokens, double seconds, int64_t waiting) {
+        check(c.observe_step(tokens, seconds, waiting));
+      }, py::arg("tokens"), py::arg("seconds"), py::arg("waiting"),
+         "One whole step: the tokens it emitted for all requests, its time and the requests left waiting for "
+         "admission after it (the price of time under a backlog).")
       .def("observe_load", &GoodputController::observe_load, py::arg("waiting"), py::arg("max_batch"))
       .def("forget", &GoodputController::forget, py::arg("request"), py::arg("generated_tokens"))
       .def("forecast_batch", [](const GoodputController& c, int32_t current) {
         return c.load().batch(current, c.target_costs());
       }, py::arg("current"), "The load forecast's decode batch (load_forecast.h).")
       .def_property_readonly("overhead", &GoodputController::overhead)
+      .def_property_readonly("long_run_goodput", &GoodputController::long_run_goodput,
+                             "Emitted tokens per second over the steps observed (decayed); 0 before any.")
+      .def_property_readonly("backlog_share", &GoodputController::backlog_share,
+                             "Decayed share of the observed steps that left requests waiting.")
+      .def("price", &GoodputController::price, py::arg("g_star"),
+           "The price of time (tokens/s) of a step whose typical step's optimal goodput is g_star.")
       .def_property_readonly("estimator", &GoodputController::estimator, py::return_value_policy::reference_internal)
       .def_property_readonly("target_costs", &GoodputController::target_costs, py::return_value_policy::reference_internal)
       .def_property_readonly("draft_costs", &GoodputController::draft_costs, py::return_value_policy::reference_internal);

@@ -4,6 +4,7 @@
 // a forecast saturating load, and the forecast follows Little's law.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "block_manager_test_util.h"
@@ -279,6 +280,67 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
   SPECD_EXPECT_CODE(c.observe_tree(1, 0, -1.0, 0), kInvalidArgument);
   SPECD_EXPECT_CODE(c.observe_tree(1, 0, 1.0, -1), kInvalidArgument);
   SPECD_EXPECT_CODE(c.observe_tree(1, 3, 1.0, 0), kInvalidArgument);
+}
+
+// The price under a backlog (goodput_controller.h): while requests wait for admission and
+// much of the engine's time goes to prefills, the tokens it emits per second of all its
+// steps (G_run) fall below the decode-only step's own goodput G*, and drafts that pay at
+// G_run are bought. Without a backlog G* stays the price (the running requests' latency),
+// and a G_run above G* never raises it.
+TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
+  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.012 * n));
+  // Three requests decoding plainly: G* = 3 / 0.056 s = 54 tokens/s, so a verified token
+  // (12 ms) pays only if accepted with probability 0.64 or more. Candidates of 0.5 do not.
+  const std::vector<std::vector<double>> half{{0.5, 0.5, 0.5, 0.5}};
+  std::vector<ControllerRequest> batch{{1, 1, 8, 1, 500}, {2, 1, 8, 1, 500}, {3, 1, 8, 1, 500}};
+  for (ControllerRequest& r : batch) r.node_probs = half;
+  std::vector<ControllerDecision> d;
+  EXPECT_EQ(c.long_run_goodput(), 0.0);
+  EXPECT_DOUBLE_EQ(c.price(54.0), 54.0);
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
+  // Steps that also prefill: 3 tokens in 150 ms, 20 tokens/s, but nobody waits: the
+  // running requests' latency prices time, still at G*.
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_step(3, 0.150, 0));
+  EXPECT_NEAR(c.long_run_goodput(), 20.0, 1e-6);
+  EXPECT_DOUBLE_EQ(c.backlog_share(), 0.0);
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
+  // The same steps with requests left waiting after each: the price goes to G_run = 20, so
+  // a verified token pays from probability 20 * 0.012 = 0.24 and every 0.5 is bought.
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_step(3, 0.150, 5));
+  EXPECT_NEAR(c.backlog_share(), 1.0, 0.01);
+  EXPECT_NEAR(c.price(54.0), 20.0, 0.5);
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 4);
+  // The same price in a step with a prompt chunk (not the typical step).
+  std::vector<ControllerRequest> with_prompt = batch;
+  with_prompt[2].base_tokens = 20;
+  SPECD_ASSERT_OK(c.decide(with_prompt, &d));
+  EXPECT_EQ(d[0].k, 4);
+  EXPECT_EQ(d[1].k, 4);
+  // Half of the recent steps left requests waiting: the price is halfway.
+  for (int i = 0; i < 34; ++i) SPECD_ASSERT_OK(c.observe_step(3, 0.150, 0));  // 0.98^34 = 0.5
+  EXPECT_NEAR(c.backlog_share(), 0.5, 0.01);
+  EXPECT_NEAR(c.price(54.0), 37.0, 0.5);
+  // The engine emits more than the estimates predict (1000 tokens/s): the price stays G*.
+  for (int i = 0; i < 2000; ++i) SPECD_ASSERT_OK(c.observe_step(100, 0.1, 5));
+  EXPECT_NEAR(c.long_run_goodput(), 1000.0, 1.0);
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
+  // Prefill-only steps emit nothing but count as time.
+  SPECD_ASSERT_OK(c.observe_step(0, 0.5, 5));
+  EXPECT_LT(c.long_run_goodput(), 1000.0);
+  SPECD_EXPECT_CODE(c.observe_step(-1, 0.1, 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_step(1, -0.1, 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_step(1, std::nan(""), 0), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.observe_step(1, 0.1, -2), kInvalidArgument);
+  GoodputControllerConfig bad{{false}, 8, 0.9, {}};
+  bad.long_run_decay = 1.0;
+  GoodputController never_forgets(bad);
+  SPECD_EXPECT_CODE(never_forgets.decide(batch, &d), kInvalidArgument);
 }
 
 TEST(GoodputController, ColdStartAndBadInput) {

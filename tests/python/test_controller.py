@@ -229,3 +229,42 @@ def test_model_free_trees_are_sized_from_their_node_probabilities(setup, method)
     if abs(accepted / predicted - 1) > 0.2:
         assert any((c < 1) == (accepted < predicted) for c in learned), (classes, accepted, predicted)
     assert llm.metrics()["acceptance_rate"] > 0
+
+
+def test_the_engine_reports_every_step_for_the_price_of_time(setup):
+    """observe_step gets every step's emitted tokens (all of the outputs in total), its time
+    and the requests left waiting for admission; the controller's long-run goodput and
+    backlog share follow (goodput_controller.h, "The price under a backlog")."""
+    from specd.engine.goodput import GoodputPolicy
+
+    target, _, _, prompts, baseline = setup
+    steps = []
+
+    class Spy(GoodputPolicy):
+        def observe_step(self, tokens, seconds, waiting):
+            steps.append((tokens, seconds, waiting))
+            super().observe_step(tokens, seconds, waiting)
+
+    spec = auto("ngram")
+    policy = Spy(spec.methods, spec.k)
+    llm = specd.LLM(target, speculation=spec, policy=policy, timer=SyntheticTimer(MEMORY_BOUND), max_num_seqs=2)
+    outs = llm.generate(prompts, greedy(max_tokens=40))
+    assert [o.token_ids for o in outs] == baseline
+    assert len(steps) == llm.engine.steps
+    assert sum(t for t, _, _ in steps) == sum(len(o.token_ids) for o in outs)
+    assert all(s > 0 for _, s, _ in steps)
+    waiting = [w for _, _, w in steps]
+    assert waiting[0] == len(prompts) - 2 and waiting[-1] == 0  # two run at a time; the queue drains
+    c = policy.controller
+    keep = 0.98  # the controller's long_run_decay
+    tokens = sum(t * keep ** (len(steps) - 1 - i) for i, (t, _, _) in enumerate(steps))
+    seconds = sum(s * keep ** (len(steps) - 1 - i) for i, (_, s, _) in enumerate(steps))
+    assert c.long_run_goodput == pytest.approx(tokens / seconds, rel=1e-9)
+    share = sum((w > 0) * keep ** (len(steps) - 1 - i) for i, w in enumerate(waiting))
+    assert c.backlog_share == pytest.approx(share / sum(keep ** i for i in range(len(steps))), rel=1e-9)
+    assert 0 < c.backlog_share < 1
+    g_star = 100.0
+    assert c.price(g_star) == pytest.approx(
+        g_star if c.long_run_goodput >= g_star else (1 - c.backlog_share) * g_star + c.backlog_share * c.long_run_goodput)
+    with pytest.raises(specd.InvalidArgumentError):
+        c.observe_step(-1, 0.1, 0)

@@ -17,7 +17,8 @@
 //    request's own evidence in this step (a repeated passage: a deep or wide tree; a weak
 //    match: a small one or none; no candidates: k = 0).
 // 3. The typical step: the same requests decode only (base 1) with every draft in sync
-//    (draft base 1); its optimal goodput G* is the step's price of time.
+//    (draft base 1); its optimal goodput G* is the step's price of time, lowered towards
+//    the long-run goodput G_run under a backlog (below).
 // 4. Catch-up: a request whose draft has tokens to catch up (draft_catch_up > 1) may use a
 //    draft-model proposer only if the investment pays: in the steady plan at the forecast
 //    batch (requests beyond today's batch at the proposers' prior acceptance), the request
@@ -28,22 +29,24 @@
 //    always may draft.
 // 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
-//    maximizing E - G* T. A typical step (all base 1, all in sync) is the plan of 3.
-// Exploration of costs: steps 3 and 5 plan the target's forward only up to
-//    CostModel::explored_limit of their base tokens, at most twice measured sizes, so the
-//    cost curve is learned by doublings instead of trusting an interpolation (on a CPU,
-//    T(2) can be twice T(1) while T(1) and a prefill's T(100) suggest 1.05x).
-//    The forecast of 4 plans without the limit: it describes later steps.
-// Draft costs: until the draft model has been timed at two sizes (at first it typically ran
-//    only a prompt's catch-up), its curve is planned as the target's, scaled through its one
-//    measurement (CostModel::shaped_like), not flat at the catch-up's time.
-// 6. Proposers a request could use but does not use this step fade in its acceptance
-//    estimate (AcceptanceEstimator::idle), so a request switched off is retried later.
-// Before the target has cost data every k is 0 (plain decoding is the first measurement).
-//
+//    maximizing E - G T at the price G of 3. A typical step (all base 1, all in sync) is
+//    the plan of 3 (at G* that is the step's own optimal E / T).
+// The price under a backlog: when requests wait for admission, what delays them is the
+//    engine's throughput over the whole backlog, prefills included: sum(E) / sum(T) over all
+//    steps. By Dinkelbach's argument a change (dE, dT) to one step raises that ratio iff
+//    dE > G_run dT, where G_run is the ratio itself: the tokens the engine emitted over the
+//    time it ran (observe_step; exponential averages over steps, weight long_run_decay
+//    kept). Under a prefill-heavy backlog G_run is well below the decode-only G* (much of
+//    the time goes to prompts), so a second of a step is worth fewer tokens and drafts that
+//    pay at G_run are bought. Without a backlog the running requests' latency is what a
+//    step's time costs, and G* is the right price: other requests' prefills stretch a
+//    request's remaining steps and the delay a longer step causes alike, so they cancel.
+//    The price is therefore G = (1 - w) G* + w min(G*, G_run), with w the share of recent
+//    steps (same decay) after which requests were left waiting. A G_run above G* (realised
+//    acceptance above the estimates) never prices time above the step's own optimum.
 // Feedback: observe() after each verification, observe_forward() after each forward,
-// observe_overhead() once per step, observe_load() before decide(), forget() at the end of
-// a request.
+// observe_overhead() and observe_step() once per step, observe_load() before decide(),
+// forget() at the end of a request.
 #pragma once
 
 #include <cstdint>
@@ -65,6 +68,7 @@ struct GoodputControllerConfig {
   int32_t k_max = 8;                      // the largest k of any request
   double overhead_decay = 0.9;            // weight kept by the step-overhead average
   AcceptanceEstimatorConfig acceptance;
+  double long_run_decay = 0.98;           // weight kept per step by the long-run goodput's sums
 };
 
 // One request of a step as the controller sees it.
@@ -104,6 +108,10 @@ class GoodputController {
   Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
   void observe_overhead(double seconds);
+  // One whole step: the tokens it emitted for all requests (accepted drafts plus bonus
+  // tokens; 0 for a prefill-only step), its time (forwards and overhead together) and the
+  // requests left waiting for admission after it.
+  Status observe_step(int64_t emitted_tokens, double seconds, int64_t waiting);
   void observe_load(int64_t waiting, int32_t max_batch) { load_.queue(waiting, max_batch); }
   void forget(RequestId id, int64_t generated_tokens);
 
@@ -112,6 +120,12 @@ class GoodputController {
   const CostModel& target_costs() const { return target_; }
   const CostModel& draft_costs() const { return draft_; }
   double overhead() const { return overhead_; }
+  // G_run: emitted tokens per second over the steps observed (decayed); 0 before any.
+  double long_run_goodput() const { return run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0.0; }
+  // w: the decayed share of observed steps that left requests waiting (0 before any).
+  double backlog_share() const { return run_steps_ > 0 ? backlog_steps_ / run_steps_ : 0.0; }
+  // The price of time for a step whose typical step's optimal goodput is g_star (header).
+  double price(double g_star) const;
   const LoadForecast& load() const { return load_; }
 
  private:
@@ -133,6 +147,8 @@ class GoodputController {
   CostModel draft_view_;  // what decide() plans with: draft_, or shaped like the target (cost_model.h)
   double overhead_ = 0.0;
   int64_t steps_ = 0;
+  // Decayed sums behind long_run_goodput() and backlog_share().
+  double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
   LoadForecast load_;
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
   // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).

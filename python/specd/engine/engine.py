@@ -59,6 +59,7 @@ class Engine:
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
         self.steps = 0
+        self._emitted = 0  # tokens emitted in the current step (observe_step)
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
                           "proposed_per_depth": [], "accepted_per_depth": [], "methods": {}}
@@ -123,6 +124,7 @@ class Engine:
         self.policy.observe_forward("target", tokens, target_s)
         forward_s += target_s
         finished, row = [], 0
+        self._emitted = 0
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
@@ -136,6 +138,9 @@ class Engine:
         observe_overhead = getattr(self.policy, "observe_overhead", None)
         if observe_overhead is not None:
             observe_overhead(step_s - forward_s)
+        observe_step = getattr(self.policy, "observe_step", None)
+        if observe_step is not None:
+            observe_step(self._emitted, step_s, len(self.scheduler.waiting))
         self.steps += 1
         t = self.timings
         t.steps += 1
@@ -225,6 +230,7 @@ class Engine:
         # Tokens: accepted drafts then the bonus token, cut at a stop condition.
         tokens = out.tokens.tolist()
         kept = req.emit(tokens, accepted)
+        self._emitted += kept
         for p in self.proposers.values():
             p.append(req.id, tokens[:kept])
         if req.finished:

@@ -8,7 +8,9 @@ to indices, StepRequest fields to lists). Per step the controller
 - builds, for each request and proposer, the expected gain of each additional draft,
   prod_{m<=j} alpha_m, from per-request, per-proposer, per-depth acceptance learned online;
 - prices the step at the optimal goodput of the batch's typical step (decode only, drafts
-  in sync) and maximizes E - G* T with the C++ optimizer, where
+  in sync), lowered towards the engine's long-run goodput (emitted tokens over all step
+  time, prefills included) as far as requests wait for admission, and maximizes E - G T
+  with the C++ optimizer, where
   T = T_target(sum_i base_i + k_i) + T_draft(k) + overhead comes from costs learned from the
   engine's measured forwards; k_i = 0 for every request is always a candidate;
 - lets the draft model catch up on a request only when the investment pays at the batch the
@@ -86,6 +88,11 @@ class GoodputPolicy:
     def observe_overhead(self, seconds: float) -> None:
         """Time of a step spent outside the model forwards (scheduling, proposing, verifying)."""
         self.controller.observe_overhead(seconds)
+
+    def observe_step(self, tokens: int, seconds: float, waiting: int) -> None:
+        """One whole step: the tokens it emitted for all requests, its time and the requests
+        left waiting for admission after it (the price of time under a backlog)."""
+        self.controller.observe_step(tokens, seconds, waiting)
 
     def forget(self, request: Request) -> None:
         self.controller.forget(request.id, len(request.output_ids))

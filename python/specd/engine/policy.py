@@ -5,10 +5,12 @@ The scheduler asks the policy once per step, for the requests about to run and t
 ones it may admit (:meth:`SpeculationPolicy.decide`). It then reports what happened: per
 request, how deep the proposal went and how many drafts were accepted (:meth:`observe`);
 per forward pass, how
-many tokens it processed and how long it took (:meth:`observe_forward`). Two optional hooks
+many tokens it processed and how long it took (:meth:`observe_forward`). Three optional hooks
 are called when a policy defines them: ``observe_load(waiting, max_batch)`` before decide
-(requests queued beyond the step's batch, and the batch limit) and
-``observe_overhead(seconds)`` after each step (its time outside the forwards). A policy with
+(requests queued beyond the step's batch, and the batch limit), and after each step
+``observe_overhead(seconds)`` (its time outside the forwards) and ``observe_step(tokens,
+seconds, waiting)`` (the tokens it emitted for all requests, its whole time and the requests
+left waiting for admission). A policy with
 a true ``wants_node_probs`` attribute gets, in each StepRequest's ``node_probs``, the
 model-free proposers' candidate trees for the step as node probabilities, and is told after
 each such verification what they predicted (``observe_tree(request, method, predicted,
