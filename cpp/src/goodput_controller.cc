@@ -136,6 +136,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   Allocation steady;
   SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n)), &steady));
   const double price = this->price(steady.goodput);
+  last_g_star_ = steady.goodput;
+  last_price_ = price;
   const bool typical = std::all_of(batch.begin(), batch.end(), [](const ControllerRequest& r) {
     return r.base_tokens == 1 && r.draft_catch_up <= 1;
   });

@@ -175,6 +175,10 @@ void bind_controller(py::module_& m) {
                              "Emitted tokens per second over the steps observed (decayed); 0 before any.")
       .def_property_readonly("backlog_share", &GoodputController::backlog_share,
                              "Decayed share of the observed steps that left requests waiting.")
+      .def_property_readonly("last_typical_goodput", &GoodputController::last_typical_goodput,
+                             "The last step's typical-step goodput G* (tokens/s; 0 before cost data).")
+      .def_property_readonly("last_price", &GoodputController::last_price,
+                             "The last step's price of time (tokens/s; 0 before cost data).")
       .def("price", &GoodputController::price, py::arg("g_star"),
            "The price of time (tokens/s) of a step whose typical step's optimal goodput is g_star.")
       .def_property_readonly("estimator", &GoodputController::estimator, py::return_value_policy::reference_internal)

@@ -315,6 +315,8 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   EXPECT_NEAR(c.price(54.0), 20.0, 0.5);
   SPECD_ASSERT_OK(c.decide(batch, &d));
   for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 4);
+  EXPECT_NEAR(c.last_typical_goodput(), 3 / 0.056, 0.5);  // the telemetry of that decision
+  EXPECT_NEAR(c.last_price(), 20.0, 0.5);
   // The same price in a step with a prompt chunk (not the typical step).
   std::vector<ControllerRequest> with_prompt = batch;
   with_prompt[2].base_tokens = 20;

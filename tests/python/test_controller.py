@@ -266,5 +266,13 @@ def test_the_engine_reports_every_step_for_the_price_of_time(setup):
     g_star = 100.0
     assert c.price(g_star) == pytest.approx(
         g_star if c.long_run_goodput >= g_star else (1 - c.backlog_share) * g_star + c.backlog_share * c.long_run_goodput)
+    # The controller's view of the load is engine telemetry; the last price follows the rule.
+    view = llm.metrics()["policy"]
+    assert set(view) == {"typical_goodput", "long_run_goodput", "backlog_share", "price"}
+    assert view["typical_goodput"] > 0 and view["long_run_goodput"] == c.long_run_goodput
+    assert view["backlog_share"] == c.backlog_share
+    # (the price is the last decide's, the sums are one step later: the bounds are checked)
+    assert min(view["typical_goodput"], view["long_run_goodput"]) * (1 - 0.05) <= view["price"]
+    assert view["price"] <= view["typical_goodput"] * (1 + 1e-12)
     with pytest.raises(specd.InvalidArgumentError):
         c.observe_step(-1, 0.1, 0)

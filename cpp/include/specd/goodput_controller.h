@@ -126,6 +126,10 @@ class GoodputController {
   double backlog_share() const { return run_steps_ > 0 ? backlog_steps_ / run_steps_ : 0.0; }
   // The price of time for a step whose typical step's optimal goodput is g_star (header).
   double price(double g_star) const;
+  // The last decide()'s typical-step goodput G* and its price of time (0 before any step
+  // with cost data): the controller's view of the load, for telemetry.
+  double last_typical_goodput() const { return last_g_star_; }
+  double last_price() const { return last_price_; }
   const LoadForecast& load() const { return load_; }
 
  private:
@@ -149,6 +153,7 @@ class GoodputController {
   int64_t steps_ = 0;
   // Decayed sums behind long_run_goodput() and backlog_share().
   double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
+  double last_g_star_ = 0.0, last_price_ = 0.0;
   LoadForecast load_;
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
   // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).

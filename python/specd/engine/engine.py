@@ -275,18 +275,23 @@ class Engine:
     def metrics(self) -> dict:
         """Engine-wide telemetry: steps; per verified request-step the k chosen (mean, histogram,
         share speculating, proposer counts); acceptance overall and per depth (accepted /
-        proposed at depth d); the policy's predicted vs the realised generated tokens."""
+        proposed at depth d); the policy's predicted vs the realised generated tokens; under
+        "policy", what the policy's own ``metrics()`` returns, when it defines one."""
         tel = self.telemetry
         ks = tel["k"]
         acc = tel["accepted_per_depth"]
         per_depth = [(acc[d] if d < len(acc) else 0) / p for d, p in enumerate(tel["proposed_per_depth"])]
-        return {"steps": self.steps, "verify_request_steps": len(ks), "mean_k": float(np.mean(ks)) if ks else 0.0,
-                "k_histogram": {int(k): int(n) for k, n in zip(*np.unique(ks, return_counts=True))} if ks else {},
-                "speculating_share": float(np.mean([k > 0 for k in ks])) if ks else 0.0,
-                "methods": dict(tel["methods"]),
-                "acceptance_rate": tel["accepted"] / tel["drafted"] if tel["drafted"] else 0.0,
-                "acceptance_per_depth": per_depth,
-                "predicted_tokens": tel["predicted"], "realised_tokens": tel["realised"]}
+        out = {"steps": self.steps, "verify_request_steps": len(ks), "mean_k": float(np.mean(ks)) if ks else 0.0,
+               "k_histogram": {int(k): int(n) for k, n in zip(*np.unique(ks, return_counts=True))} if ks else {},
+               "speculating_share": float(np.mean([k > 0 for k in ks])) if ks else 0.0,
+               "methods": dict(tel["methods"]),
+               "acceptance_rate": tel["accepted"] / tel["drafted"] if tel["drafted"] else 0.0,
+               "acceptance_per_depth": per_depth,
+               "predicted_tokens": tel["predicted"], "realised_tokens": tel["realised"]}
+        policy_metrics = getattr(self.policy, "metrics", None)
+        if policy_metrics is not None:
+            out["policy"] = policy_metrics()
+        return out
 
     # ---- invariants (tests) ----
 

@@ -94,5 +94,13 @@ class GoodputPolicy:
         left waiting for admission after it (the price of time under a backlog)."""
         self.controller.observe_step(tokens, seconds, waiting)
 
+    def metrics(self) -> dict:
+        """The controller's view of the load at the last step, in tokens/s: the typical
+        (decode-only) step's optimal goodput G*, the long-run goodput G_run, the share of
+        recent steps that left requests waiting, and the price of time it planned with."""
+        c = self.controller
+        return {"typical_goodput": c.last_typical_goodput, "long_run_goodput": c.long_run_goodput,
+                "backlog_share": c.backlog_share, "price": c.last_price}
+
     def forget(self, request: Request) -> None:
         self.controller.forget(request.id, len(request.output_ids))
