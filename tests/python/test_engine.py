@@ -99,6 +99,75 @@ def test_token_trees_are_lossless(models):
     assert sum(o.metrics.draft_tokens for o in trees) > sum(o.metrics.draft_tokens for o in chains)
 
 
+@pytest.mark.parametrize("width,k,nodes", [(2, 3, None), (3, 4, 5), (2, 8, None)])
+def test_draft_model_trees_are_lossless(models, width, k, nodes):
+    """The draft model grows token trees (draft_tree_width > 1): greedy outputs equal plain
+    decoding, the trees branch, every step's tree stays within its node budget, and the
+    KV pages match the committed lengths after every step (tree drafts' KV is not kept)."""
+    _, target, draft, prompts, baseline = models
+    spec = dict(draft_tree_width=width, max_tree_nodes=nodes)
+    llm = make_llm(target, draft, "draft", k, block_size=4, spec=spec)
+    requests = llm._requests(prompts, greedy())
+    for r in requests:
+        llm.engine.add(r)
+    shapes = []
+    propose = llm.engine._propose
+
+    def spy(items):
+        trees, dists, seconds = propose(items)
+        assert not dists  # deterministic candidates: verified one-hot
+        for it in items:
+            if it.k > 0:
+                tree = trees[it.request.id]
+                shapes.append((tree.num_drafts, tree.max_depth, tree.is_chain, it.nodes, it.k))
+        return trees, dists, seconds
+
+    llm.engine._propose = spy
+    while llm.engine.has_work:
+        llm.engine.step()
+        llm.engine.check_kv()
+    assert [r.output_ids for r in requests] == baseline
+    assert shapes and any(not chain for _, _, chain, _, _ in shapes), "no tree branched"
+    budget = nodes if nodes is not None else k * width
+    for drafts, depth, _, item_nodes, item_k in shapes:
+        assert drafts <= item_nodes <= budget and depth <= item_k <= k
+    assert sum(r.metrics.accepted_tokens for r in requests) > 0
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+
+
+def test_draft_model_trees_accept_more_per_step_than_chains(models):
+    """Same depth, same correlated draft: a tree of width 2 accepts more drafts per verify
+    step than the chain (its extra nodes are the draft's next most probable candidates)."""
+    _, target, draft, prompts, baseline = models
+    per_step = []
+    for width in (1, 2):
+        outs = make_llm(target, draft, "draft", 4, spec=dict(draft_tree_width=width)).generate(prompts, greedy())
+        assert [o.token_ids for o in outs] == baseline
+        per_step.append(sum(o.metrics.accepted_tokens for o in outs) / sum(o.metrics.verify_steps for o in outs))
+    assert per_step[1] > per_step[0], per_step
+
+
+def test_draft_model_trees_sampled_and_config_errors(models):
+    """Sampled requests verify draft trees as one-hot candidates (seeded: reproducible, KV
+    consistent); draft trees need the draft method and a static k."""
+    _, target, draft, prompts, _ = models
+    params = specd.SamplingParams(temperature=0.8, top_p=0.95, max_tokens=MAX_TOKENS, ignore_eos=True, seed=7)
+    runs = []
+    for _ in range(2):
+        llm = make_llm(target, draft, "draft", 3, spec=dict(draft_tree_width=2))
+        outs = llm.generate(prompts, params)
+        assert all(len(o.token_ids) == MAX_TOKENS for o in outs)
+        assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+        runs.append([o.token_ids for o in outs])
+    assert runs[0] == runs[1]
+    with pytest.raises(specd.InvalidArgumentError, match="draft_tree_width"):
+        specd.SpeculationConfig(method="ngram", draft_tree_width=2)
+    with pytest.raises(specd.InvalidArgumentError, match="draft_tree_width"):
+        specd.SpeculationConfig(method="draft", num_speculative_tokens="auto", draft_tree_width=2)
+    with pytest.raises(specd.InvalidArgumentError, match="draft_tree_width"):
+        specd.SpeculationConfig(method="draft", draft_tree_width=9)
+
+
 def test_preemption_keeps_outputs(models):
     """Short prompts are all admitted, then their outputs outgrow the pool: the newest requests
     are preempted (KV freed, recomputed later) and every output is still the plain one."""

@@ -14,6 +14,7 @@ import torch
 
 from specd import _core
 from specd.engine import model_runner
+from specd.engine.draft_tree import run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest
 from specd.engine.request import Request, Status
@@ -182,6 +183,11 @@ class Engine:
                     self.timings.draft_forwards += 1
                     draft_s += seconds
                     return result
+                width = self.scheduler.config.draft_tree_width
+                if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
+                    for it, tree in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward)):
+                        trees[it.request.id] = tree
+                    continue
                 drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward, graph=self.draft_graph)
                 for it, d, q in zip(group, drafts, qs):
                     trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
@@ -223,7 +229,9 @@ class Engine:
         self.pool.blocks.commit(req.id, base + 1 + accepted, model=TARGET)
         req.computed[TARGET] += base + 1 + accepted
         if it.draft_slots is not None:  # the draft wrote KV for its catch-up and drafts 1..k-1
-            keep = it.draft_catch_up + min(accepted, it.k - 1)
+            # Chains keep the accepted drafts' KV; trees only the catch-up's (draft_tree.py).
+            chain = self.scheduler.config.draft_tree_width == 1
+            keep = it.draft_catch_up + (min(accepted, it.k - 1) if chain else 0)
             self.pool.blocks.commit(req.id, keep, model=DRAFT)
             req.computed[DRAFT] += keep
         self._record(it, tree, accepted)

@@ -157,7 +157,8 @@ class LLM:
         self.eos_ids = frozenset(tc.eos_token_ids)
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes),
+            uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes,
+            draft_tree_width=speculation.draft_tree_width, draft_tree_nodes=speculation.draft_tree_nodes),
             timer=timer)
         self.draft_graph = (self._make_draft_graph(speculation, max_num_seqs)
                             if _graph_wanted(draft_graph, self.draft, timer) else None)
@@ -186,7 +187,8 @@ class LLM:
         from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
 
         k = speculation.k
-        max_query = 1 + max(k, speculation.tree_nodes(k))  # root + the most draft nodes a request reserves
+        # root + the most draft nodes a request reserves
+        max_query = 1 + max(k, speculation.tree_nodes(k), speculation.draft_tree_nodes(k))
         on_gpu = self.target.device.type == "cuda"
         width = self.pool.blocks.pages_for_tokens(self.max_model_len + max_query, model=TARGET)
         runner = TargetGraphRunner(self.target, self.pool, TargetGraphConfig(

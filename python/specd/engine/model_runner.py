@@ -108,6 +108,16 @@ def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     return forward(model, pool, TARGET, segments)
 
 
+def catch_up_segment(item: WorkItem) -> Segment:
+    """Draft forward 0 of an item: the tokens [computed_d, L) the draft has not seen, ending
+    with the last one (whose logits give the first draft)."""
+    req = item.request
+    start = req.computed[DRAFT]
+    return Segment(req.id, torch.tensor(req.tokens[start:], dtype=torch.int64),
+                   torch.arange(start, req.length, dtype=torch.int64), item.draft_slots[:item.draft_catch_up],
+                   req.length, None, logits_from=req.length - start - 1)
+
+
 def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
               on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
               graph=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
@@ -136,18 +146,13 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
         segments = []
         for i in active:
             it, req = items[i], items[i].request
-            length = req.length
             if j == 0:  # catch up on the tokens the draft has not seen, ending with the last one
-                start = req.computed[DRAFT]
-                ids = torch.tensor(req.tokens[start:], dtype=torch.int64)
-                positions = torch.arange(start, length, dtype=torch.int64)
-                slots = it.draft_slots[:it.draft_catch_up]
-            else:
-                ids = sampled[i][j - 1].reshape(1)
-                positions = torch.tensor([length - 1 + j], dtype=torch.int64)
-                slots = it.draft_slots[it.draft_catch_up + j - 1:it.draft_catch_up + j]
-            segments.append(Segment(req.id, ids, positions, slots, int(positions[-1]) + 1, None,
-                                    logits_from=len(ids) - 1))
+                segments.append(catch_up_segment(it))
+                continue
+            positions = torch.tensor([req.length - 1 + j], dtype=torch.int64)
+            slots = it.draft_slots[it.draft_catch_up + j - 1:it.draft_catch_up + j]
+            segments.append(Segment(req.id, sampled[i][j - 1].reshape(1), positions, slots, req.length + j, None,
+                                    logits_from=0))
         tokens = sum(len(seg.input_ids) for seg in segments)
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         logits = on_forward(tokens, run) if on_forward is not None else run()  # [len(active), vocab]

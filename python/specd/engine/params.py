@@ -69,7 +69,14 @@ class SpeculationConfig:
     num_speculative_tokens: k, draft tokens per request per step (tree depth for ngram and
         suffix); 0 = no speculation; "auto" = the goodput policy chooses k per request and step
         (up to max_speculative_tokens).
-    max_tree_nodes: node budget of ngram/suffix token trees under a static k (None: k).
+    max_tree_nodes: node budget of ngram/suffix token trees under a static k (None: k), and of
+        draft-model trees (None: k * draft_tree_width).
+    draft_tree_width: 1: the draft model proposes a chain of k tokens. w > 1: it grows a token
+        tree of depth k (EAGLE-2 style; cpp/include/specd/draft_tree_builder.h): each draft
+        forward expands the w most probable frontier nodes into their w most probable
+        children, and the max_tree_nodes nodes of highest path probability are verified
+        (as deterministic candidates: lossless for greedy and sampled requests alike).
+        Needs a static k (the goodput policy sizes draft chains).
     ngram_min / ngram_max / ngram_candidates: prompt-lookup n-gram range and the number of
         distinct continuations merged into the tree.
     policy: "none", "static", "switch_off", "goodput" or a name registered by a plugin
@@ -82,6 +89,7 @@ class SpeculationConfig:
     num_speculative_tokens: Union[int, str] = 4
     max_speculative_tokens: int = 8
     max_tree_nodes: Optional[int] = None
+    draft_tree_width: int = 1
     ngram_min: int = 1
     ngram_max: int = 4
     ngram_candidates: int = 1
@@ -101,6 +109,10 @@ class SpeculationConfig:
                "max_speculative_tokens", self.max_speculative_tokens, "an int in [1, 64]")
         _check(self.max_tree_nodes is None or (isinstance(self.max_tree_nodes, int) and 0 <= self.max_tree_nodes <= 256),
                "max_tree_nodes", self.max_tree_nodes, "None or an int in [0, 256]")
+        _check(isinstance(self.draft_tree_width, int) and 1 <= self.draft_tree_width <= 8, "draft_tree_width",
+               self.draft_tree_width, "an int in [1, 8]")
+        _check(self.draft_tree_width == 1 or "draft" in methods, "draft_tree_width", self.draft_tree_width,
+               "1 unless the method includes 'draft'")
         _check(isinstance(self.ngram_min, int) and 1 <= self.ngram_min <= self.ngram_max <= 64,
                "ngram_min/ngram_max", (self.ngram_min, self.ngram_max), "1 <= ngram_min <= ngram_max <= 64")
         _check(isinstance(self.ngram_candidates, int) and self.ngram_candidates >= 1, "ngram_candidates",
@@ -110,6 +122,8 @@ class SpeculationConfig:
         if self.policy is None:
             self.policy = "goodput" if auto and self.k > 0 else ("static" if self.k > 0 else "none")
         _check(isinstance(self.policy, str) and self.policy, "policy", self.policy, "a policy name")
+        _check(self.draft_tree_width == 1 or self.policy != "goodput", "draft_tree_width", self.draft_tree_width,
+               "1 with the goodput policy (it sizes draft chains; draft trees need a static k)")
 
     @property
     def method_name(self) -> str:
@@ -121,6 +135,12 @@ class SpeculationConfig:
         if self.methods == ("none",):
             return 0
         return self.max_speculative_tokens if self.num_speculative_tokens == "auto" else self.num_speculative_tokens
+
+    def draft_tree_nodes(self, k: int) -> int:
+        """Node budget of a draft-model proposal of depth k: k for chains."""
+        if k == 0 or self.draft_tree_width == 1:
+            return k
+        return self.max_tree_nodes if self.max_tree_nodes is not None else k * self.draft_tree_width
 
     def tree_nodes(self, k: int) -> int:
         """Node budget of a tree proposal of depth k (ngram/suffix)."""

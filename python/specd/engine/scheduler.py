@@ -44,6 +44,8 @@ class SchedulerConfig:
     uses_draft_kv: bool = False          # a draft model runs (model 1 in the pool)
     k_max: int = 0                       # the largest k of the speculation config
     tree_nodes: Callable[[int], int] = lambda k: k  # node budget of a depth-k ngram/suffix tree
+    draft_tree_width: int = 1            # > 1: the draft model grows trees (SpeculationConfig)
+    draft_tree_nodes: Callable[[int], int] = lambda k: k  # node budget of a depth-k draft proposal
 
 
 @dataclass
@@ -55,7 +57,7 @@ class WorkItem:
     nodes: int                     # draft nodes reserved
     target_slots: np.ndarray       # int64 [num_prefix + (1 + nodes if decide)]
     draft_catch_up: int = 0        # draft model: tokens [computed_d, L) it processes first
-    draft_slots: Optional[np.ndarray] = None  # int64 [draft_catch_up + k - 1]
+    draft_slots: Optional[np.ndarray] = None  # int64 [draft_catch_up + (k - 1) * draft tree width]
     method: str = "none"           # the proposer of its drafts this step
     predicted_tokens: float = 1.0  # the policy's expectation of the tokens this step yields
 
@@ -140,7 +142,8 @@ class Scheduler:
         k = 0 if decision is None else max(0, min(decision.k, self.config.k_max, req.room() - 1))
         method = decision.method if decision is not None and k > 0 else "none"
         predicted = decision.predicted_tokens if decision is not None and k > 0 else 1.0
-        nodes = self.config.tree_nodes(k) if method in ("ngram", "suffix") else k
+        nodes = (self.config.tree_nodes(k) if method in ("ngram", "suffix")
+                 else self.config.draft_tree_nodes(k) if method == "draft" else k)
         empty = np.empty(0, np.int64)
         if remaining_prefix + 1 + nodes <= budget:
             return WorkItem(req, remaining_prefix, True, k, nodes, empty, method=method, predicted_tokens=predicted)
@@ -161,13 +164,18 @@ class Scheduler:
         if item.method == "draft" and item.decide and item.k > 0:
             item.draft_catch_up = req.length - req.computed[DRAFT]
             try:
-                reservation = self.blocks.reserve(req.id, item.draft_catch_up + item.k - 1, model=DRAFT)
+                reservation = self.blocks.reserve(req.id, item.draft_catch_up + self._draft_fed(item.k), model=DRAFT)
             except OutOfPagesError:
                 self.blocks.rollback(req.id, req.computed[TARGET], model=TARGET)
                 return False
             self.pool.apply_copies(reservation.copies)
             item.draft_slots = reservation.slots
         return True
+
+    def _draft_fed(self, k: int) -> int:
+        """Draft KV slots past the catch-up of a depth-k proposal: a chain feeds drafts 1..k-1;
+        a tree of width w feeds up to w frontier nodes at each depth 1..k-1."""
+        return max(0, k - 1) * self.config.draft_tree_width
 
     def _reserve_or_preempt(self, item: WorkItem) -> bool:
         while not self._reserve(item):
@@ -178,7 +186,7 @@ class Scheduler:
         return True
 
     def _admit(self, req: Request, item: WorkItem) -> bool:
-        draft_tokens = item.num_prefix + item.k if item.method == "draft" else 0
+        draft_tokens = item.num_prefix + 1 + self._draft_fed(item.k) if item.method == "draft" else 0
         need = [item.num_tokens] + ([draft_tokens] if self.config.uses_draft_kv else [])
         if not self.blocks.can_admit(need, headroom_pages=len(self.running)):
             return False
