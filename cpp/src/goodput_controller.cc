@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -19,12 +20,14 @@ struct StepProblem {
   std::vector<std::vector<SpecOption>> options;
   std::vector<SpecRequest> requests;
 
+  int32_t draft_width = 1;  // SpecOption::draft_width of draft-model options
+
   void add(int32_t base_tokens, const Gains& gains, const std::vector<bool>& uses_draft,
            const std::vector<int32_t>& draft_base, const std::vector<bool>& allowed) {
     std::vector<SpecOption> opts;
     for (std::size_t p = 0; p < gains.size(); ++p) {
       const Span<const double> g = allowed[p] ? Span<const double>(gains[p]) : Span<const double>();
-      opts.push_back(SpecOption{g, uses_draft[p], draft_base[p]});
+      opts.push_back(SpecOption{g, uses_draft[p], draft_base[p], uses_draft[p] ? draft_width : 1});
     }
     options.push_back(std::move(opts));
     requests.push_back(SpecRequest{base_tokens, {}});
@@ -60,6 +63,9 @@ Status GoodputController::validate_config() const {
     return error_status(StatusCode::kInvalidArgument, "GoodputController: k_max must be >= 0, got ", config_.k_max);
   if (!(config_.overhead_decay >= 0.0 && config_.overhead_decay < 1.0))
     return error_status(StatusCode::kInvalidArgument, "GoodputController: overhead_decay must be in [0, 1)");
+  if (config_.draft_tree_width < 1)
+    return error_status(StatusCode::kInvalidArgument, "GoodputController: draft_tree_width must be >= 1, got ",
+                        config_.draft_tree_width);
   if (!(config_.long_run_decay >= 0.0 && config_.long_run_decay < 1.0))
     return error_status(StatusCode::kInvalidArgument, "GoodputController: long_run_decay must be in [0, 1)");
   return Status::Ok();
@@ -131,6 +137,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   // The typical step: decode only, every draft in sync. Its optimal goodput G*, or the
   // long-run goodput where lower, prices this step (header: "The long-run price").
   StepProblem typical_step;
+  typical_step.draft_width = config_.draft_tree_width;
   for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, in_sync, all_allowed);
   const Span<const SpecRequest> typical_requests = typical_step.finish();
   Allocation steady;
@@ -150,6 +157,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   } else {
     const std::vector<bool> invest = worth_catching_up(batch, all, steady);
     StepProblem step;
+    step.draft_width = config_.draft_tree_width;
     for (std::size_t i = 0; i < n; ++i) {
       const ControllerRequest& r = batch[i];
       std::vector<bool> allowed(all_allowed);
@@ -207,6 +215,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     const std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
     const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
     StepProblem future;
+    future.draft_width = config_.draft_tree_width;
     for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);
     for (std::size_t i = n; i < static_cast<std::size_t>(forecast); ++i)
       future.add(1, prior, config_.proposer_uses_draft, in_sync, allowed);
@@ -243,6 +252,96 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     invest[i] = steps_left * per_step > wait;
   }
   return invest;
+}
+
+Status GoodputController::size_trees(Span<const TreeSizingRequest> trees, int64_t other_tokens,
+                                     std::vector<TreeSizing>* sizings_out) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  if (!uses_draft())
+    return error_status(StatusCode::kInvalidArgument, "GoodputController::size_trees: no draft-model proposer");
+  if (other_tokens < 0)
+    return error_status(StatusCode::kInvalidArgument, "GoodputController::size_trees: other_tokens must be >= 0");
+  const std::size_t n = trees.size();
+  std::vector<std::vector<int32_t>> ranked(n);  // [tree] nodes by gain
+  std::vector<std::vector<double>> raw(n);      // [tree][node] uncalibrated gain
+  Gains calibrated(n);                          // [tree] gains of `ranked`, calibrated
+  for (std::size_t i = 0; i < n; ++i) {
+    const TreeSizingRequest& t = trees[i];
+    const std::size_t size = t.path_probs.size();
+    if (t.max_nodes < 0 || t.parents.size() != size)
+      return error_status(StatusCode::kInvalidArgument, "tree of request ", t.id,
+                          ": max_nodes must be >= 0 and parents must have one entry per node");
+    std::vector<int32_t> depth(size, 1);
+    std::vector<double> q(size), q_max(size + 1, 0.0);  // q_max[parent + 1]
+    std::vector<int32_t> top(size + 1, -1);             // top[parent + 1]: its most probable child
+    for (std::size_t v = 0; v < size; ++v) {
+      const int32_t parent = t.parents[v];
+      const double p = t.path_probs[v];
+      if (parent < -1 || parent >= static_cast<int32_t>(v) || !(p > 0.0 && p <= 1.0))
+        return error_status(StatusCode::kInvalidArgument, "tree of request ", t.id, ": node ", v, " has parent ",
+                            parent, " and path probability ", p, " (parents come first; probabilities in (0, 1])");
+      const double above = parent < 0 ? 1.0 : t.path_probs[static_cast<std::size_t>(parent)];
+      q[v] = std::min(1.0, p / above);
+      if (parent >= 0) depth[v] = depth[static_cast<std::size_t>(parent)] + 1;
+      const auto group = static_cast<std::size_t>(parent + 1);
+      if (q[v] > q_max[group]) {
+        q_max[group] = q[v];
+        top[group] = static_cast<int32_t>(v);
+      }
+    }
+    const int32_t deepest = size ? *std::max_element(depth.begin(), depth.end()) : 0;
+    std::vector<double> alphas(static_cast<std::size_t>(std::min(deepest, estimator_.max_depth())), 0.0);
+    if (!alphas.empty()) SPECD_RETURN_IF_ERROR(estimator_.alphas(t.id, draft_proposer_, Span<double>(alphas)));
+    std::vector<double>& g = raw[i];
+    g.assign(size, 0.0);
+    for (std::size_t v = 0; v < size; ++v) {
+      const auto d = static_cast<std::size_t>(depth[v]);
+      if (d > alphas.size()) continue;  // deeper than the estimator tracks: no gain
+      const auto group = static_cast<std::size_t>(t.parents[v] + 1);
+      const double above = t.parents[v] < 0 ? 1.0 : g[static_cast<std::size_t>(t.parents[v])];
+      const double alpha = alphas[d - 1];
+      g[v] = top[group] == static_cast<int32_t>(v) ? above * alpha
+             : q_max[group] < 1.0                   ? above * (1 - alpha) * q[v] / (1 - q_max[group])
+                                                    : 0.0;
+    }
+    std::vector<int32_t>& order = ranked[i];
+    order.resize(size);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const auto ua = static_cast<std::size_t>(a), ub = static_cast<std::size_t>(b);
+      if (g[ua] != g[ub]) return g[ua] > g[ub];
+      return depth[ua] != depth[ub] ? depth[ua] < depth[ub] : a < b;
+    });
+    if (order.size() > static_cast<std::size_t>(t.max_nodes)) order.resize(static_cast<std::size_t>(t.max_nodes));
+    while (!order.empty() && g[static_cast<std::size_t>(order.back())] <= 0.0) order.pop_back();
+    const double strength = std::accumulate(g.begin(), g.end(), 0.0);
+    const double c = estimator_.tree_calibration(t.id, draft_proposer_, strength);
+    for (int32_t v : order) calibrated[i].push_back(std::clamp(c * g[static_cast<std::size_t>(v)], 0.0, 1.0));
+    std::vector<double>& remembered = tree_strength_[t.id];  // for observe_tree
+    remembered.resize(static_cast<std::size_t>(num_proposers()), 0.0);
+    remembered[static_cast<std::size_t>(draft_proposer_)] = strength;
+  }
+  // The draft's time is spent: each tree is an option without the draft model's costs.
+  // (StepProblem keeps spans into the gains: one single-option Gains per tree, alive here.)
+  std::vector<Gains> options(n);
+  for (std::size_t i = 0; i < n; ++i) options[i].push_back(std::move(calibrated[i]));
+  StepProblem step;
+  const std::vector<bool> model_free(1, false), allowed(1, true);
+  const std::vector<int32_t> base(1, 1);
+  for (std::size_t i = 0; i < n; ++i) step.add(1, options[i], model_free, base, allowed);
+  if (other_tokens > 0)
+    step.add(static_cast<int32_t>(std::min<int64_t>(other_tokens, std::numeric_limits<int32_t>::max())), Gains{}, {},
+             {}, {});
+  Allocation plan;
+  const int64_t base_total = static_cast<int64_t>(n) + other_tokens;
+  SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(last_price_, base_total), &plan));
+  sizings_out->assign(n, TreeSizing{});
+  for (std::size_t i = 0; i < n; ++i) {
+    TreeSizing& out = (*sizings_out)[i];
+    out.nodes.assign(ranked[i].begin(), ranked[i].begin() + plan.k[i]);
+    for (int32_t v : out.nodes) out.predicted += raw[i][static_cast<std::size_t>(v)];
+  }
+  return Status::Ok();
 }
 
 Status GoodputController::observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted) {

@@ -15,6 +15,12 @@ const SpecOption* option_of(const SpecRequest& r, int32_t option) {
                                                                              : nullptr;
 }
 
+// Tokens of request option `opt` in draft forward j (1-based; header, "Model of one step").
+int64_t draft_forward_tokens(const SpecOption& opt, std::size_t j) {
+  if (j == 1) return opt.draft_base_tokens;
+  return opt.draft_width > 1 ? static_cast<int64_t>(j - 1) * opt.draft_width : 1;
+}
+
 // The quantity optimize_goodput maximizes (goodput_optimizer.h, "Objective").
 double objective(const StepCostModel& cost, double tokens, double seconds) {
   return cost.reference_goodput > 0 ? tokens - cost.reference_goodput * seconds : tokens / seconds;
@@ -39,6 +45,9 @@ Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
                             " uses the draft model but no draft cost model was given");
       if (opt.uses_draft_model && opt.draft_base_tokens < 1)
         return error_status(StatusCode::kInvalidArgument, "request ", i, ": draft_base_tokens must be >= 1");
+      if (opt.draft_width < 1)
+        return error_status(StatusCode::kInvalidArgument, "request ", i, ": draft_width must be >= 1, got ",
+                            opt.draft_width);
       double previous = 1.0;
       for (std::size_t j = 0; j < opt.gains.size(); ++j) {
         const double g = opt.gains[j];
@@ -85,7 +94,7 @@ class StepState {
     double d = cost_.target->predict(target_tokens_ + 1) - cost_.target->predict(target_tokens_);
     if (opt->uses_draft_model) {
       const std::size_t j = k + 1;
-      const int64_t w = j == 1 ? opt->draft_base_tokens : 1;
+      const int64_t w = draft_forward_tokens(*opt, j);
       d += draft_cost(j, draft_tokens_[j] + w) - draft_cost(j, draft_tokens_[j]);
     }
     *delta = std::max(d, 0.0);
@@ -95,7 +104,7 @@ class StepState {
   void take(std::size_t i, double gain) {
     const SpecOption* opt = option_of(requests_[i], option_[i]);
     const std::size_t j = static_cast<std::size_t>(k_[i]) + 1;
-    if (opt->uses_draft_model) draft_tokens_[j] += j == 1 ? opt->draft_base_tokens : 1;
+    if (opt->uses_draft_model) draft_tokens_[j] += draft_forward_tokens(*opt, j);
     ++target_tokens_;
     tokens_ += gain;
     ++k_[i];
@@ -186,8 +195,7 @@ Status evaluate_allocation(Span<const SpecRequest> requests, const StepCostModel
     for (int32_t j = 0; j < k[i]; ++j) t += opt->gains[static_cast<std::size_t>(j)];
     if (opt->uses_draft_model) {
       if (draft.size() <= static_cast<std::size_t>(k[i])) draft.resize(static_cast<std::size_t>(k[i]) + 1, 0);
-      draft[1] += opt->draft_base_tokens;
-      for (int32_t j = 2; j <= k[i]; ++j) draft[static_cast<std::size_t>(j)] += 1;
+      for (int32_t j = 1; j <= k[i]; ++j) draft[static_cast<std::size_t>(j)] += draft_forward_tokens(*opt, static_cast<std::size_t>(j));
     }
   }
   double s = cost.fixed_seconds + cost.target->predict(target_tokens);

@@ -39,7 +39,7 @@ py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& targe
       raise_status(error_status(StatusCode::kInvalidArgument, "request ", i, ": gains, uses_draft and draft_base "
                                 "need one entry per option"));
     for (std::size_t o = 0; o < r.gains.size(); ++o)
-      options[i].push_back(SpecOption{Span<const double>(r.gains[o]), r.uses_draft[o], r.draft_base[o]});
+      options[i].push_back(SpecOption{Span<const double>(r.gains[o]), r.uses_draft[o], r.draft_base[o], 1});
     reqs[i] = SpecRequest{r.base_tokens, Span<const SpecOption>(options[i])};
   }
   Allocation a;
@@ -115,9 +115,31 @@ void bind_controller(py::module_& m) {
   py::class_<GoodputController>(m, "GoodputController",
                                 "Per-step k and proposer per request maximizing goodput, learned online "
                                 "(goodput_controller.h).")
-      .def(py::init([](std::vector<bool> proposer_uses_draft, int32_t k_max) {
-        return GoodputController(GoodputControllerConfig{std::move(proposer_uses_draft), k_max, 0.9, {}});
-      }), py::arg("proposer_uses_draft"), py::arg("k_max") = 8)
+      .def(py::init([](std::vector<bool> proposer_uses_draft, int32_t k_max, int32_t draft_tree_width) {
+        GoodputControllerConfig config{std::move(proposer_uses_draft), k_max, 0.9, {}};
+        config.draft_tree_width = draft_tree_width;
+        return GoodputController(std::move(config));
+      }), py::arg("proposer_uses_draft"), py::arg("k_max") = 8, py::arg("draft_tree_width") = 1)
+      .def("size_trees", [](GoodputController& c, const std::vector<int64_t>& ids,
+                            const std::vector<std::vector<double>>& path_probs,
+                            const std::vector<std::vector<int32_t>>& parents, const std::vector<int32_t>& max_nodes,
+                            int64_t other_tokens) {
+        const std::size_t n = ids.size();
+        if (path_probs.size() != n || parents.size() != n || max_nodes.size() != n)
+          raise_status(error_status(StatusCode::kInvalidArgument, "GoodputController.size_trees: ids, path_probs, "
+                                    "parents and max_nodes must have one entry per tree"));
+        std::vector<TreeSizingRequest> trees(n);
+        for (std::size_t i = 0; i < n; ++i)
+          trees[i] = TreeSizingRequest{ids[i], Span<const double>(path_probs[i]), Span<const int32_t>(parents[i]),
+                                       max_nodes[i]};
+        std::vector<TreeSizing> sized;
+        check(c.size_trees(trees, other_tokens, &sized));
+        py::list out;
+        for (const TreeSizing& t : sized) out.append(py::make_tuple(t.nodes, t.predicted));
+        return out;
+      }, py::arg("ids"), py::arg("path_probs"), py::arg("parents"), py::arg("max_nodes"), py::arg("other_tokens"),
+         "Draft-model trees grown this step: per tree, (the nodes to verify, most valuable first; their "
+         "uncalibrated gains summed) (goodput_controller.h).")
       .def("decide", [](GoodputController& c, const std::vector<int64_t>& ids, const std::vector<int32_t>& base_tokens,
                         const std::vector<int32_t>& k_max, const std::vector<int32_t>& draft_catch_up,
                         const std::vector<int64_t>& remaining_tokens,

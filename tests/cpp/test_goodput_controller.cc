@@ -345,6 +345,95 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   SPECD_EXPECT_CODE(never_forgets.decide(batch, &d), kInvalidArgument);
 }
 
+// Draft-model trees (draft_tree_width > 1) are sized after the draft grew them: the draft's
+// most probable path gets the chain's gains (the learned per-depth acceptance), other nodes a
+// share scaled by the draft's confidence relative to their best sibling; the nodes that pay
+// at the step's price are verified, parents first; an over-confident draft's trees shrink
+// as their calibration is learned.
+TEST(GoodputController, SizesDraftTreesFromPerDepthAcceptance) {
+  GoodputControllerConfig config{{true}, 8, 0.9, {}};
+  config.draft_tree_width = 2;
+  GoodputController c(config);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.012 * n));
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.002 + 0.001 * n));
+    }
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(decode_batch(3, 8), &d));
+  // Three requests, 12 ms per verified token: G* = 3 / 0.056 s, a node pays from 0.64.
+  EXPECT_NEAR(c.last_price(), 3 / 0.056, 0.5);
+  for (int i = 0; i < 200; ++i) SPECD_ASSERT_OK(c.observe(0, 0, 4, 4));  // request 0's trees pass to depth 4
+  std::vector<double> alphas(2);
+  SPECD_ASSERT_OK(c.estimator().alphas(0, 0, Span<double>(alphas)));
+  ASSERT_GT(alphas[0] * alphas[1], 0.9);
+  // Root children a (0.6) and b (0.3); a's children c (0.6 * 0.5) and e (0.6 * 0.25).
+  // Gains: a = alpha1, c = alpha1 alpha2 (the draft's greedy path); the siblings share what
+  // the top child misses: b = (1 - alpha1) 0.3 / 0.4, e = a (1 - alpha2) 0.25 / 0.5.
+  const std::vector<double> probs{0.6, 0.3, 0.3, 0.15};
+  const std::vector<int32_t> parents{-1, -1, 0, 0};
+  std::vector<TreeSizingRequest> trees{{0, probs, parents, 4}, {1, probs, parents, 4}};
+  std::vector<TreeSizing> sized;
+  SPECD_ASSERT_OK(c.size_trees(trees, 0, &sized));
+  EXPECT_EQ(sized[0].nodes, (std::vector<int32_t>{0, 2}));
+  EXPECT_NEAR(sized[0].predicted, alphas[0] + alphas[0] * alphas[1], 1e-9);
+  EXPECT_EQ(sized[1].nodes, sized[0].nodes);  // request 1 is new: the proposer's estimate
+  trees[0].max_nodes = 1;  // never beyond what was reserved
+  SPECD_ASSERT_OK(c.size_trees(trees, 0, &sized));
+  EXPECT_EQ(sized[0].nodes, (std::vector<int32_t>{0}));
+  trees[0].max_nodes = 4;
+  // Verifying also costs what the step verifies anyway: beside a 40-token prompt chunk the
+  // same nodes pay the same way (linear costs).
+  SPECD_ASSERT_OK(c.size_trees(trees, 40, &sized));
+  EXPECT_EQ(sized[0].nodes, (std::vector<int32_t>{0, 2}));
+  // The trees realise a third of what they predict: their calibration falls, and so does
+  // the budget.
+  const double strength = alphas[0] + alphas[0] * alphas[1] + (1 - alphas[0]) * 0.75 +
+                          alphas[0] * (1 - alphas[1]) * 0.5;
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_tree(0, 0, 1.9, i % 3 == 0 ? 2 : 0));
+  EXPECT_LT(c.estimator().tree_calibration(0, 0, strength), 0.5);
+  SPECD_ASSERT_OK(c.size_trees(trees, 0, &sized));
+  EXPECT_TRUE(sized[0].nodes.empty());
+  // A draft whose first choice is right half of the time: its siblings carry the other
+  // half, shared by the draft's confidence, and with cheap verification they pay too.
+  GoodputController unsure(config);
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+      SPECD_ASSERT_OK(unsure.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.002 * n));
+      SPECD_ASSERT_OK(unsure.observe_forward(ForwardKind::kDraft, n, 0.002 + 0.001 * n));
+    }
+  SPECD_ASSERT_OK(unsure.decide(decode_batch(3, 8), &d));  // G* = 3 / 0.026 s: a node pays from 0.23
+  for (int i = 0; i < 400; ++i) SPECD_ASSERT_OK(unsure.observe(7, 0, 1, i % 2));
+  SPECD_ASSERT_OK(unsure.estimator().alphas(7, 0, Span<double>(alphas)));
+  ASSERT_NEAR(alphas[0], 0.5, 0.05);
+  const std::vector<TreeSizingRequest> wide{{7, probs, parents, 4}};
+  SPECD_ASSERT_OK(unsure.size_trees(wide, 0, &sized));
+  const double a = alphas[0], b = (1 - alphas[0]) * 0.3 / 0.4, c_ = a * alphas[1], e = a * (1 - alphas[1]) * 0.5;
+  ASSERT_GT(b, 0.23);
+  std::vector<int32_t> want;  // every node above the threshold, in the order of their gains
+  for (auto [gain, node] : std::vector<std::pair<double, int32_t>>{{a, 0}, {b, 1}, {c_, 2}, {e, 3}})
+    if (gain > 0.23) want.push_back(node);
+  std::sort(want.begin(), want.end(), [&](int32_t x, int32_t y) {
+    const double gx[] = {a, b, c_, e};
+    return gx[x] > gx[y];
+  });
+  EXPECT_EQ(sized[0].nodes, want);
+  EXPECT_GE(want.size(), 2u);
+  // Bad input.
+  const std::vector<int32_t> child_first{1, -1, 0, 0};
+  trees[1].parents = child_first;
+  SPECD_EXPECT_CODE(c.size_trees(trees, 0, &sized), kInvalidArgument);
+  const std::vector<double> above_one{0.6, 1.5, 0.3, 0.15};
+  trees[1] = TreeSizingRequest{1, above_one, parents, 4};
+  SPECD_EXPECT_CODE(c.size_trees(trees, 0, &sized), kInvalidArgument);
+  const std::vector<int32_t> short_parents{-1};
+  trees[1] = TreeSizingRequest{1, probs, short_parents, 4};
+  SPECD_EXPECT_CODE(c.size_trees(trees, 0, &sized), kInvalidArgument);
+  SPECD_EXPECT_CODE(c.size_trees({}, -1, &sized), kInvalidArgument);
+  GoodputController model_free(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  SPECD_EXPECT_CODE(model_free.size_trees({}, 0, &sized), kInvalidArgument);
+}
+
 TEST(GoodputController, ColdStartAndBadInput) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   std::vector<ControllerDecision> d;

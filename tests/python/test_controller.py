@@ -276,3 +276,68 @@ def test_the_engine_reports_every_step_for_the_price_of_time(setup):
     assert view["price"] <= view["typical_goodput"] * (1 + 1e-12)
     with pytest.raises(specd.InvalidArgumentError):
         c.observe_step(-1, 0.1, 0)
+
+
+@pytest.mark.parametrize("draft_kind", ["perfect", "one_layer"])
+def test_goodput_sizes_draft_model_trees(setup, tmp_path, draft_kind):
+    """With draft_tree_width > 1 the goodput policy picks each tree's depth, and after the
+    draft grew it, the nodes to verify (size_trees): sets closed under parents, within what
+    was reserved, the draft's tree calibration learned from what the verified trees
+    predicted, and outputs equal to plain decoding. A draft that is always right (the target
+    itself) gets chains: its siblings are worth nothing. A one-layer draft of the target is
+    often wrong, gets trees that branch, and accepts more drafts per step than with chains."""
+    from specd.engine.goodput import GoodputPolicy
+    from test_engine import self_draft
+
+    target, _, perfect, prompts, baseline = setup
+    draft = perfect if draft_kind == "perfect" else self_draft(target, tmp_path / "one_layer")
+    sized, observed, shapes = [], [], []
+
+    class Spy(GoodputPolicy):
+        def size_trees(self, requests, path_probs, parents, max_nodes, other_tokens):
+            out = super().size_trees(requests, path_probs, parents, max_nodes, other_tokens)
+            for (nodes, predicted), cap, p, up in zip(out, max_nodes, path_probs, parents):
+                assert len(set(nodes)) == len(nodes) and all(0 <= v < len(p) for v in nodes)
+                kept = set(nodes)
+                assert all(up[v] < 0 or up[v] in kept for v in nodes)  # closed under parents
+                assert (predicted > 0) == bool(nodes)
+                sized.append((len(nodes), cap, len(p)))
+            assert other_tokens >= 0
+            return out
+
+        def observe_tree(self, request, method, predicted, accepted):
+            observed.append((method, predicted, accepted))
+            super().observe_tree(request, method, predicted, accepted)
+
+    per_step = {}
+    for width in (1, 2):
+        spec = auto("draft", draft_tree_width=width)
+        policy = Spy(spec.methods, spec.k, spec.draft_tree_width)
+        llm = specd.LLM(target, draft, spec, policy=policy, timer=SyntheticTimer(MEMORY_BOUND))
+        propose = llm.engine._propose
+
+        def spy(items, *args):
+            trees, dists, seconds = propose(items, *args)
+            shapes.extend(trees[it.request.id].is_chain for it in items if it.k > 0)
+            return trees, dists, seconds
+
+        llm.engine._propose = spy
+        outs = llm.generate(prompts, greedy(max_tokens=40))
+        assert [o.token_ids for o in outs] == baseline
+        per_step[width] = sum(o.metrics.accepted_tokens for o in outs) / sum(o.metrics.verify_steps for o in outs)
+        if width == 1:
+            assert not sized and not observed  # chains: nothing to size
+            shapes.clear()
+    assert spec.draft_tree_nodes(6) == 12
+    assert len(sized) > 20
+    assert all(0 <= n <= cap and grown > 0 for n, cap, grown in sized)
+    assert any(n > 0 for n, _, _ in sized)
+    assert observed and all(m == "draft" and p > 0 and a >= 0 for m, p, a in observed)
+    learned = [policy.estimator.tree_calibration(0, s) for s in (0.5, 2.0, 4.0, 8.0)]
+    assert any(c != 1.0 for c in learned), learned
+    if draft_kind == "perfect":
+        assert all(shapes)  # chains only
+        assert per_step[2] == per_step[1] > 3
+    else:
+        assert not all(shapes)  # some trees branch
+        assert per_step[2] > per_step[1], per_step

@@ -69,6 +69,7 @@ struct GoodputControllerConfig {
   double overhead_decay = 0.9;            // weight kept by the step-overhead average
   AcceptanceEstimatorConfig acceptance;
   double long_run_decay = 0.98;           // weight kept per step by the long-run goodput's sums
+  int32_t draft_tree_width = 1;           // > 1: the draft model grows trees of this width (size_trees)
 };
 
 // One request of a step as the controller sees it.
@@ -82,6 +83,22 @@ struct ControllerRequest {
   // its candidate nodes for this request this step (any order; none: no candidates, k = 0
   // with it). Entries of the draft-model proposer are ignored (it uses the estimates).
   Span<const std::vector<double>> node_probs;
+};
+
+// A draft-model tree grown this step (draft_tree_width > 1), to be sized by size_trees. Its
+// draft nodes are numbered 0..n-1; a node's parent comes before it.
+struct TreeSizingRequest {
+  RequestId id = 0;
+  Span<const double> path_probs;  // [n] the draft's path probability of each node (product of
+                                  // its path's draft probabilities)
+  Span<const int32_t> parents;    // [n] parent node, -1 for the root's children
+  int32_t max_nodes = 0;          // the nodes reserved for it (its budget's cap)
+};
+
+// size_trees' answer for one tree.
+struct TreeSizing {
+  std::vector<int32_t> nodes;  // the nodes to verify, most valuable first (closed under parents)
+  double predicted = 0.0;      // their uncalibrated gains summed (observe_tree's `predicted`)
 };
 
 struct ControllerDecision {
@@ -100,6 +117,27 @@ class GoodputController {
 
   // decisions_out[i] for batch[i].
   Status decide(Span<const ControllerRequest> batch, std::vector<ControllerDecision>* decisions_out);
+
+  // Draft-model trees (draft_tree_width > 1), after the draft grew them this step: which nodes
+  // of each to verify (sizings_out[i] for trees[i], at most max_nodes).
+  // - A node's gain (its probability of acceptance) comes from the request's per-depth
+  //   acceptance of the draft's greedy chain, alpha_d (what decided the depth; the engine
+  //   reports the chain's part of each verified tree to observe()). With q(v) the draft's
+  //   probability of v given its parent and q_top that of v's most probable sibling:
+  //     the most probable child:  gain(v) = gain(parent) alpha_d;
+  //     any other child:          gain(v) = gain(parent) (1 - alpha_d) q(v) / (1 - q_top),
+  //   the rejected top child's probability shared by the draft's confidence in the rest (as
+  //   if the target's token, when not the draft's first choice, were distributed like the
+  //   draft's remaining mass). The draft's greedy path thus gets the chain's gains prod
+  //   alpha; a draft that is always right gets no siblings, an unsure one wide trees. A
+  //   child never gains more than its parent, and a node's children gain at most its own.
+  // - The gains are times the draft proposer's tree calibration for a tree of their summed
+  //   strength (as for model-free trees in decide; observe_tree learns it).
+  // - Nodes are ranked by gain (then depth, then index: parents first); the draft's time is
+  //   spent, so only the target's verify time is priced, at this step's price (last_price),
+  //   on top of `other_tokens` the target verifies anyway this step. The best prefix of the
+  //   ranking is verified.
+  Status size_trees(Span<const TreeSizingRequest> trees, int64_t other_tokens, std::vector<TreeSizing>* sizings_out);
 
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
   // A verified tree of request `id` by `proposer` whose drafts' node probabilities summed to

@@ -6,18 +6,23 @@ Per request, with width w and depth k:
 - forward 0 is the chain's catch-up (model_runner.catch_up_segment); the root's w most
   probable children are the first frontier;
 - forward j = 1..k-1 feeds every node fed so far plus the w most probable unexpanded nodes of
-  the deepest depth (DraftTreeBuilder.frontier), under a tree mask (each node sees the
-  history and its own ancestors), and expands each new node into its w most probable
-  children. Re-feeding earlier nodes keeps the mask within the forward's new tokens, which is
+  the deepest depth (DraftTreeBuilder.frontier; the draft's greedy path, the chain a width
+  of 1 would propose, always among them), under a tree mask (each node sees the history
+  and its own ancestors), and expands each new node into its w most probable children. Re-feeding earlier nodes keeps the mask within the forward's new tokens, which is
   what the attention takes; a node keeps its KV slot (the catch-up's, then one per fed node
   in feeding order), so the draft writes at most (k - 1) w slots past its catch-up;
-- the tree verified is the `nodes` best nodes by path probability (DraftTreeBuilder.build).
+- the tree verified is the item's `nodes` best nodes by path probability
+  (DraftTreeBuilder.build) under a static k, or the nodes the policy's ``size_trees``
+  picks from every grown node's path probability and parent (the goodput policy ranks
+  them by its per-depth acceptance shared by the draft's confidence; goodput_controller.h).
 
 "Probable" is the draft's distribution the request would sample from (temperature, top-k,
 top-p, min-p; plain softmax for greedy requests), so candidates are deterministic: verify
 them without draft rows (one-hot proposals), which is lossless for greedy and sampled
 requests alike. Only the catch-up's draft KV is kept; the accepted tokens are fed again as
-the next step's catch-up.
+the next step's catch-up. The draft's greedy chain is marked in each tree: the policy's
+per-depth acceptance hears how far that chain was accepted (DraftTree.chain_result), so it
+stays the acceptance of the chain that a width of 1 would propose.
 
 The tree loop reads each forward's candidates on the host (one sync per forward), and is not
 run by the CUDA-graph draft runner, which captures chains.
@@ -25,6 +30,7 @@ run by the CUDA-graph draft runner, which captures chains.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -58,11 +64,16 @@ class _Growth:
         self.parent: dict[int, int] = {}
         self.depth: dict[int, int] = {0: 0}
         self.token: dict[int, int] = {0: item.request.tokens[-1]}
+        self.chain = 0  # the deepest node of the draft's greedy path (most probable child each time)
+        self.on_chain = {0}  # every node of that path
 
     def expand(self, node: int, logits: torch.Tensor) -> None:
         tokens, probs = _children(logits, self.item, self.width)
         first = len(self.builder)
         self.builder.expand(node, tokens, probs)
+        if node == self.chain:
+            self.chain = first  # its most probable child (top-w comes sorted)
+            self.on_chain.add(first)
         for child, token in zip(range(first, len(self.builder)), tokens.tolist()):
             self.parent[child] = node
             self.depth[child] = self.depth[node] + 1
@@ -72,6 +83,8 @@ class _Growth:
         """The next forward's segment (every fed node plus the new frontier) and how many
         frontier nodes it adds (their logits are its last rows)."""
         frontier = [int(n) for n in self.builder.frontier(self.width)]
+        if self.chain not in frontier:  # the draft's greedy path is always grown (rules above)
+            frontier[-1] = self.chain
         self.fed.extend(frontier)
         req, item = self.item.request, self.item
         index = {node: i for i, node in enumerate(self.fed)}
@@ -90,11 +103,38 @@ class _Growth:
         return seg, len(frontier)
 
 
+@dataclass
+class DraftTree:
+    """A draft tree to verify, what it predicts, and which of its nodes are the draft's greedy
+    chain (the root and the most probable child of each chain node; the engine reports the
+    chain's part to the policy's per-depth acceptance)."""
+
+    tree: TokenTree
+    predicted: float        # summed path probability of its drafts, or what size_trees said
+    chain: frozenset[int]   # tree node indices on the draft's greedy path (the root included)
+
+    def chain_result(self, path: np.ndarray) -> tuple[int, int]:
+        """(chain drafts verified, of them accepted) for an accepted root-to-node ``path``."""
+        depth = len(self.chain) - 1
+        accepted = 0
+        for node in path[1:].tolist():
+            if node not in self.chain:
+                break
+            accepted += 1
+        return depth, accepted
+
+
 def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], width: int,
                    on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
-                   ) -> list[TokenTree]:
-    """The draft trees of ``items`` (each k > 0, ``nodes`` verified), in item order (rules above).
-    ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them)."""
+                   size: Optional[Callable[[list[WorkItem], list[np.ndarray], list[np.ndarray]],
+                                           list[tuple[list[int], float]]]] = None,
+                   ) -> list[DraftTree]:
+    """The draft trees of ``items`` (each k > 0), in item order (rules above).
+    ``size(items, path_probs, parents)``, when given (the policy's size_trees), gets every
+    grown node's path probability and parent (-1: the root) and returns per tree the nodes
+    to verify, parents first, and their predicted accepted drafts; otherwise the item.nodes
+    nodes of highest path probability are verified. ``on_forward(tokens, run)``, when
+    given, wraps each forward (the engine times them)."""
     grow = [_Growth(it, width, model.window is not None) for it in items]
 
     def run(segments: list[Segment]) -> torch.Tensor:
@@ -114,4 +154,21 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
             for node in g.fed[len(g.fed) - added:]:
                 g.expand(node, logits[row])
                 row += 1
-    return [g.builder.build(g.item.nodes)[0] for g in grow]
+    if size is None:
+        out = []
+        for g, it in zip(grow, items):
+            tree, kept, path_probs = g.builder.build(it.nodes)
+            chain = frozenset(i for i, v in enumerate(kept.tolist()) if v in g.on_chain)
+            out.append(DraftTree(tree, float(np.sum(path_probs[1:])), chain))
+        return out
+    # Grown draft nodes are builder nodes 1..n-1; the root (0) is the parent -1.
+    probs = [np.array([g.builder.path_prob(v) for v in range(1, len(g.builder))]) for g in grow]
+    parents = [np.array([g.parent[v] - 1 for v in range(1, len(g.builder))], dtype=np.int32) for g in grow]
+    out = []
+    for g, it, (nodes, predicted) in zip(grow, items, size(items, probs, parents)):
+        tree, index = TokenTree(g.token[0]), {0: 0}
+        for v in nodes[:it.nodes]:  # most valuable first: parents before children
+            node = v + 1
+            index[node] = tree.add_node(index[g.parent[node]], g.token[node])
+        out.append(DraftTree(tree, predicted, frozenset(i for v, i in index.items() if v in g.on_chain)))
+    return out

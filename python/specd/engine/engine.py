@@ -14,7 +14,7 @@ import torch
 
 from specd import _core
 from specd.engine import model_runner
-from specd.engine.draft_tree import run_draft_tree
+from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest
 from specd.engine.request import Request, Status
@@ -56,6 +56,7 @@ class Engine:
         if self.proposers and getattr(policy, "wants_node_probs", False):
             self.scheduler.probe = self._probe_trees
         self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
+        self._draft_trees: dict[int, DraftTree] = {}  # request id -> this step's draft-model tree
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
@@ -117,7 +118,7 @@ class Engine:
                 it.request.started = now
         deciding = [it for it in items if it.decide]
         forward_s = 0.0
-        trees, draft_dists, draft_s = self._propose(deciding)
+        trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))
         forward_s += draft_s
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
         logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
@@ -166,7 +167,20 @@ class Engine:
                     s.node_probs = {}
                 s.node_probs[method] = probs[offsets[i] + 1:offsets[i + 1]]
 
-    def _propose(self, items: list[WorkItem]) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], float]:
+    def _tree_sizer(self, items: list[WorkItem], group: list[WorkItem], prefix_tokens: int):
+        """The policy's size_trees for the draft trees of ``group`` (None: the policy has none),
+        with the tokens the target verifies anyway: prefix chunks, and every other deciding
+        item's root and reserved nodes."""
+        size_trees = getattr(self.policy, "size_trees", None)
+        if size_trees is None:
+            return None
+        ids = {it.request.id for it in group}
+        other = prefix_tokens + sum(1 + it.nodes for it in items if it.request.id not in ids)
+        return lambda grp, probs, parents: size_trees([it.request for it in grp], probs, parents,
+                                                       [it.nodes for it in grp], other)
+
+    def _propose(self, items: list[WorkItem], prefix_tokens: int = 0,
+                 ) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], float]:
         trees = {it.request.id: TokenTree(it.request.tokens[-1]) for it in items}
         dists: dict[int, torch.Tensor] = {}
         draft_s = 0.0
@@ -185,8 +199,13 @@ class Engine:
                     return result
                 width = self.scheduler.config.draft_tree_width
                 if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
-                    for it, tree in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward)):
-                        trees[it.request.id] = tree
+                    sizer = self._tree_sizer(items, group, prefix_tokens)
+                    for it, drafted in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward,
+                                                                 sizer)):
+                        trees[it.request.id] = drafted.tree
+                        self._draft_trees[it.request.id] = drafted
+                        if sizer is not None and drafted.tree.num_drafts:  # the policy learns its calibration
+                            self._tree_probs[it.request.id] = drafted.predicted
                     continue
                 drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward, graph=self.draft_graph)
                 for it, d, q in zip(group, drafts, qs):
@@ -234,7 +253,7 @@ class Engine:
             keep = it.draft_catch_up + (min(accepted, it.k - 1) if chain else 0)
             self.pool.blocks.commit(req.id, keep, model=DRAFT)
             req.computed[DRAFT] += keep
-        self._record(it, tree, accepted)
+        self._record(it, tree, accepted, out.path)
         # Tokens: accepted drafts then the bonus token, cut at a stop condition.
         tokens = out.tokens.tolist()
         kept = req.emit(tokens, accepted)
@@ -246,7 +265,7 @@ class Engine:
             return True
         return False
 
-    def _record(self, it: WorkItem, tree: TokenTree, accepted: int) -> None:
+    def _record(self, it: WorkItem, tree: TokenTree, accepted: int, path: np.ndarray) -> None:
         """Metrics, telemetry and the policy's feedback for one verify step."""
         req, m = it.request, it.request.metrics
         m.verify_steps += 1
@@ -274,7 +293,10 @@ class Engine:
                 for d in range(n):
                     counts[d] += 1
         if it.k > 0:
-            self.policy.observe(req, it.method, tree.max_depth, accepted)
+            drafted = self._draft_trees.pop(req.id, None)
+            # A draft-model tree reports its greedy chain's part (draft_tree.py).
+            depth, passed = drafted.chain_result(path) if drafted is not None else (tree.max_depth, accepted)
+            self.policy.observe(req, it.method, depth, passed)
             predicted = self._tree_probs.pop(req.id, None)
             observe_tree = getattr(self.policy, "observe_tree", None)
             if predicted is not None and observe_tree is not None:

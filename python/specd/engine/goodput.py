@@ -20,7 +20,11 @@ budget, with gains from the step's own candidate tree: the engine probes the pro
 budget of k_max, and the j-th draft's gain is the j-th most probable node's probability times
 the request's learned calibration (realised over predicted accepted drafts, shrunk towards
 the proposer's). The budget, and
-with it the tree's depth and width, thus follows each request's evidence in each step. The
+with it the tree's depth and width, thus follows each request's evidence in each step.
+Draft-model trees (draft_tree_width > 1) get their depth k from the per-depth acceptance
+(with the draft forwards' growing token counts priced), and after the draft grew them, the
+nodes to verify (size_trees): the draft's most probable path gets the per-depth acceptance,
+other nodes a share scaled by the draft's confidence, calibrated as above. The
 maths is in docs/controller.md.
 """
 
@@ -36,10 +40,10 @@ from specd.engine.request import Request
 class GoodputPolicy:
     """k per request and step maximizing expected goodput (see the module docstring)."""
 
-    def __init__(self, methods: Sequence[str], k_max: int = 8):
+    def __init__(self, methods: Sequence[str], k_max: int = 8, draft_tree_width: int = 1):
         self.methods = tuple(m for m in methods if m != "none") or ("none",)
         self.k_max = k_max
-        self.controller = _core.GoodputController([m == "draft" for m in self.methods], k_max)
+        self.controller = _core.GoodputController([m == "draft" for m in self.methods], k_max, draft_tree_width)
         self.wants_node_probs = any(m in ("ngram", "suffix") for m in self.methods)
 
     @property
@@ -67,6 +71,16 @@ class GoodputPolicy:
             [s.draft_catch_up for s in batch], [min(s.remaining_tokens, 1 << 62) for s in batch], probs)
         return [Decision(k, self.methods[p] if p >= 0 else self.methods[0], t)
                 for k, p, t in zip(ks, proposers, predicted)]
+
+    def size_trees(self, requests: Sequence[Request], path_probs: Sequence[Sequence[float]],
+                   parents: Sequence[Sequence[int]], max_nodes: Sequence[int],
+                   other_tokens: int) -> list[tuple[list[int], float]]:
+        """Draft-model trees grown this step (draft_tree_width > 1): per tree, the nodes to verify
+        (indices into its grown nodes, most valuable first) and their predicted accepted drafts,
+        from the per-depth acceptance shared by the draft's confidence, calibrated, at this
+        step's price on top of ``other_tokens`` the target verifies anyway."""
+        return self.controller.size_trees([r.id for r in requests], [list(map(float, p)) for p in path_probs],
+                                          [list(map(int, p)) for p in parents], list(max_nodes), other_tokens)
 
     def observe(self, request: Request, method: str, depth: int, accepted: int) -> None:
         if method in self.methods and depth > 0 and self.methods != ("none",):

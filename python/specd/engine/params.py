@@ -69,14 +69,15 @@ class SpeculationConfig:
     num_speculative_tokens: k, draft tokens per request per step (tree depth for ngram and
         suffix); 0 = no speculation; "auto" = the goodput policy chooses k per request and step
         (up to max_speculative_tokens).
-    max_tree_nodes: node budget of ngram/suffix token trees under a static k (None: k), and of
-        draft-model trees (None: k * draft_tree_width).
+    max_tree_nodes: node budget of ngram/suffix token trees under a static k (None: k), and the
+        (largest) node budget of draft-model trees (None: k * draft_tree_width).
     draft_tree_width: 1: the draft model proposes a chain of k tokens. w > 1: it grows a token
         tree of depth k (EAGLE-2 style; cpp/include/specd/draft_tree_builder.h): each draft
         forward expands the w most probable frontier nodes into their w most probable
         children, and the max_tree_nodes nodes of highest path probability are verified
-        (as deterministic candidates: lossless for greedy and sampled requests alike).
-        Needs a static k (the goodput policy sizes draft chains).
+        (as deterministic candidates: lossless for greedy and sampled requests alike). With
+        the goodput policy the depth is chosen per request and step, and the node budget
+        (up to max_tree_nodes) after the draft grew the tree, from its path probabilities.
     ngram_min / ngram_max / ngram_candidates: prompt-lookup n-gram range and the number of
         distinct continuations merged into the tree.
     policy: "none", "static", "switch_off", "goodput" or a name registered by a plugin
@@ -122,8 +123,7 @@ class SpeculationConfig:
         if self.policy is None:
             self.policy = "goodput" if auto and self.k > 0 else ("static" if self.k > 0 else "none")
         _check(isinstance(self.policy, str) and self.policy, "policy", self.policy, "a policy name")
-        _check(self.draft_tree_width == 1 or self.policy != "goodput", "draft_tree_width", self.draft_tree_width,
-               "1 with the goodput policy (it sizes draft chains; draft trees need a static k)")
+
 
     @property
     def method_name(self) -> str:

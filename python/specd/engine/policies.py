@@ -38,7 +38,7 @@ def switch_off_policy(s: SpeculationConfig) -> SpeculationPolicy:
 
 
 def goodput_policy(s: SpeculationConfig) -> SpeculationPolicy:
-    return GoodputPolicy(s.methods, s.k)
+    return GoodputPolicy(s.methods, s.k, s.draft_tree_width)
 
 
 BUILTIN: dict[str, Callable[[SpeculationConfig], SpeculationPolicy]] = {

@@ -14,7 +14,10 @@ left waiting for admission). A policy with
 a true ``wants_node_probs`` attribute gets, in each StepRequest's ``node_probs``, the
 model-free proposers' candidate trees for the step as node probabilities, and is told after
 each such verification what they predicted (``observe_tree(request, method, predicted,
-accepted)``, when defined). k = 0 means plain decoding. The engine caps k by what a request
+accepted)``, when defined). With draft-model trees (draft_tree_width > 1) a policy's
+``size_trees(requests, path_probs, parents, max_nodes, other_tokens)``, when defined, picks
+each grown tree's nodes to verify (engine/draft_tree.py), and ``observe`` hears the draft's
+greedy chain's part of each tree. k = 0 means plain decoding. The engine caps k by what a request
 may still emit and by the context limit.
 
 Built-in policies: ``none``, ``static`` (fixed k), ``switch_off`` (fixed k while the batch is
