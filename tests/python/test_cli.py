@@ -40,6 +40,12 @@ def test_generate_streams_text_and_reports_metrics(pair):
                   "--dtype", "float32")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout == r.stdout.replace("\x1b[32m", "").replace("\x1b[0m", "")  # lossless
+    tree = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft", "-k", "3",
+                 "--draft-tree-width", "2", "--max-tokens", "12", "--dtype", "float32")
+    assert tree.returncode == 0, tree.stderr
+    assert tree.stdout == plain.stdout  # draft trees: lossless too
+    bad = specd("generate", "x", "--target", target, "--method", "ngram", "--draft-tree-width", "2")
+    assert bad.returncode == 2 and "draft_tree_width" in bad.stderr
 
 
 def test_bench_quick_writes_json_and_plots(pair, tmp_path):

@@ -18,6 +18,9 @@ def add_parser(sub) -> None:
     p.add_argument("--method", default="draft", choices=["draft", "ngram", "suffix", "none"],
                    help="speculation method (default: draft model)")
     p.add_argument("-k", "--num-speculative-tokens", type=int, default=4, help="draft tokens per step (default 4)")
+    p.add_argument("--draft-tree-width", type=int, default=1,
+                   help="with --method draft: 1 = draft chains (default); w in 2..8 = draft token trees of "
+                        "width w (EAGLE-2 style)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -35,7 +38,12 @@ def run(args: argparse.Namespace) -> int:
 
     params = specd.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                   min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed)
-    spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens)
+    try:
+        spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
+                                       draft_tree_width=args.draft_tree_width)
+    except specd.InvalidArgumentError as e:
+        print(f"specd generate: error: {e}", file=sys.stderr)
+        return 2
     target, draft = resolve_models(args, want_draft=args.method == "draft")
     if args.method == "draft" and draft is None:
         print("specd generate: error: --method draft needs --draft", file=sys.stderr)
