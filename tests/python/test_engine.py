@@ -235,11 +235,13 @@ def test_mixed_sampling_parameters_in_one_batch(models):
             assert len(o.token_ids) == MAX_TOKENS
 
 
-def test_speculative_sampling_follows_the_target_distribution(models):
-    """First sampled token, 4,000 seeds: with draft-model speculation (k=3) it follows the
-    target's next-token distribution at temperature 1 (chi-square, alpha = 0.001)."""
+@pytest.mark.parametrize("width", [1, 2])
+def test_speculative_sampling_follows_the_target_distribution(models, width):
+    """First sampled token, 4,000 seeds: with draft-model speculation (k=3; chains, and trees
+    of width 2 verified as one-hot candidates) it follows the target's next-token
+    distribution at temperature 1 (chi-square, alpha = 0.001)."""
     _, target, draft, prompts, _ = models
-    llm = make_llm(target, draft, "draft", 3, max_num_seqs=256)
+    llm = make_llm(target, draft, "draft", 3, max_num_seqs=256, spec=dict(draft_tree_width=width))
     prompt = prompts[4]
     n = 4000
     outs = llm.generate([prompt] * n, [specd.SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True, seed=s)
