@@ -12,6 +12,7 @@
 #include "errors.h"
 #include "numpy_util.h"
 #include "specd/block_manager.h"
+#include "specd/step_planner.h"
 
 namespace py = pybind11;
 
@@ -222,6 +223,71 @@ void bind_block_manager(py::module_& m) {
            py::arg("seqs"), model0, "int32 [n]: committed + reserved length of each sequence.")
       .def("check_invariants", [](const BM& b) { check(b.get().check_invariants()); },
            "Raises InternalError if any internal invariant is broken (O(pages + sequences)).");
+
+  // The step planner works on a BlockManager of this module (step_planner.h has the rules).
+  py::class_<StepPlanner>(m, "StepPlanner",
+                          "The scheduler's per-step decisions over a BlockManager (step_planner.h).")
+      .def(py::init([](BM& blocks, int32_t max_num_seqs, int32_t max_num_batched_tokens, bool uses_draft_kv,
+                       int32_t k_max, int32_t model_free_tree_nodes, int32_t draft_tree_width,
+                       int32_t draft_tree_nodes) {
+             return std::make_unique<StepPlanner>(
+                 &blocks.get(), StepPlannerConfig{max_num_seqs, max_num_batched_tokens, uses_draft_kv, k_max,
+                                                  model_free_tree_nodes, draft_tree_width, draft_tree_nodes});
+           }),
+           py::arg("blocks"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"), py::arg("uses_draft_kv"),
+           py::arg("k_max"), py::arg("model_free_tree_nodes") = -1, py::arg("draft_tree_width") = 1,
+           py::arg("draft_tree_nodes") = -1, py::keep_alive<1, 2>())
+      .def("add", [](StepPlanner& p, int64_t id) { check(p.add(id)); }, py::arg("request"))
+      .def("finish", [](StepPlanner& p, int64_t id) { check(p.finish(id)); }, py::arg("request"))
+      .def("sync",
+           [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int64_t>& lengths,
+              const std::vector<int64_t>& computed_target, const std::vector<int64_t>& computed_draft,
+              const std::vector<int64_t>& rooms) {
+             const std::size_t n = ids.size();
+             if (lengths.size() != n || computed_target.size() != n || computed_draft.size() != n || rooms.size() != n)
+               raise_status(error_status(StatusCode::kInvalidArgument, "StepPlanner.sync: the five lists must have "
+                                         "one entry per request"));
+             std::vector<SequenceState> states(n);
+             for (std::size_t i = 0; i < n; ++i)
+               states[i] = SequenceState{ids[i], lengths[i], computed_target[i], computed_draft[i], rooms[i]};
+             check(p.sync(states));
+           },
+           py::arg("ids"), py::arg("lengths"), py::arg("computed_target"), py::arg("computed_draft"), py::arg("rooms"))
+      .def("candidates", &StepPlanner::candidates, "Running requests, then the waiting ones this step may admit.")
+      .def("plan",
+           [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int32_t>& ks,
+              const std::vector<int32_t>& kinds) {
+             if (ks.size() != ids.size() || kinds.size() != ids.size())
+               raise_status(error_status(StatusCode::kInvalidArgument, "StepPlanner.plan: ids, ks and kinds must "
+                                         "have one entry per decision"));
+             std::vector<PlannedDecision> decisions(ids.size());
+             for (std::size_t i = 0; i < ids.size(); ++i) {
+               if (kinds[i] < 0 || kinds[i] > 2)
+                 raise_status(error_status(StatusCode::kInvalidArgument, "StepPlanner.plan: kind ", kinds[i],
+                                           " is not 0 (none), 1 (model-free) or 2 (draft model)"));
+               decisions[i] = PlannedDecision{ids[i], ks[i], static_cast<ProposalKind>(kinds[i])};
+             }
+             StepPlan plan;
+             check(p.plan(decisions, &plan));
+             py::list items;
+             for (WorkPlan& w : plan.items) {
+               const bool draft = !w.draft_slots.empty() || w.draft_catch_up > 0;
+               items.append(py::make_tuple(w.id, w.num_prefix, w.decide, w.k, w.nodes, w.fits,
+                                           to_numpy(std::move(w.target_slots)), w.draft_catch_up,
+                                           draft ? py::object(to_numpy(std::move(w.draft_slots))) : py::none()));
+             }
+             PyReservation copies = to_python(Reservation{{}, std::move(plan.copies)});
+             return py::make_tuple(items, copies.copies, plan.preempted, plan.admitted);
+           },
+           py::arg("ids"), py::arg("ks"), py::arg("kinds"),
+           "(items, copies, preempted, admitted): items are (id, num_prefix, decide, k, nodes, fits, target_slots, "
+           "draft_catch_up, draft_slots or None); copies int32 [n, 4] (model, src_page, dst_page, num_tokens).")
+      .def_property_readonly("running", &StepPlanner::running)
+      .def_property_readonly("waiting", [](const StepPlanner& p) {
+        return std::vector<RequestId>(p.waiting().begin(), p.waiting().end());
+      })
+      .def_property_readonly("has_work", &StepPlanner::has_work)
+      .def("draft_fed", &StepPlanner::draft_fed, py::arg("k"));
 }
 
 }  // namespace specd::py_bind

@@ -157,8 +157,9 @@ class LLM:
         self.eos_ids = frozenset(tc.eos_token_ids)
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            uses_draft_kv=self.draft is not None, k_max=speculation.k, tree_nodes=speculation.tree_nodes,
-            draft_tree_width=speculation.draft_tree_width, draft_tree_nodes=speculation.draft_tree_nodes),
+            uses_draft_kv=self.draft is not None, k_max=speculation.k,
+            model_free_tree_nodes=speculation.planner_node_budgets[0], draft_tree_width=speculation.draft_tree_width,
+            draft_tree_nodes=speculation.planner_node_budgets[1]),
             timer=timer)
         self.draft_graph = (self._make_draft_graph(speculation, max_num_seqs)
                             if _graph_wanted(draft_graph, self.draft, timer) else None)

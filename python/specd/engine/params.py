@@ -136,6 +136,13 @@ class SpeculationConfig:
             return 0
         return self.max_speculative_tokens if self.num_speculative_tokens == "auto" else self.num_speculative_tokens
 
+    @property
+    def planner_node_budgets(self) -> tuple[int, int]:
+        """(n-gram/suffix, draft) node budgets as the StepPlanner takes them: -1 where the
+        budget of a depth-k proposal is k (draft trees: k * draft_tree_width)."""
+        fixed = self.max_tree_nodes if self.max_tree_nodes is not None else -1
+        return (-1 if self.policy == "goodput" else fixed), (fixed if self.draft_tree_width > 1 else -1)
+
     def draft_tree_nodes(self, k: int) -> int:
         """Node budget of a draft-model proposal of depth k: k for chains."""
         if k == 0 or self.draft_tree_width == 1:
