@@ -1,19 +1,25 @@
-// Embedding specd's KV block manager in a C++ server: a simulated speculative decode loop.
+// Embedding specd's C++ core in a server: the engine's scheduling and speculation decisions
+// without Python, around a simulated model.
 //
-// Several requests share one page pool for a target and a draft model. Each step, every
-// running request reserves lookahead slots for the target (last token + k draft tokens) and
-// the draft (k tokens), "verifies" (a random number of drafts is accepted), and commits what
-// was accepted; rejected slots are rolled back by the commit. When the pool runs out, the
-// newest running request is preempted (its pages freed) and re-admitted later, recomputing
-// its prefix, exactly as a continuous-batching scheduler would. The program checks the
-// manager's invariants throughout and exits non-zero on any unexpected status.
+// Requests share one KV page pool for a target and a draft model (BlockManager). Each step
+// the StepPlanner (step_planner.h) lists the requests to decide for, the GoodputController
+// (goodput_controller.h) picks k per request from acceptance and costs it learns online, and
+// the planner plans the step: prefill chunks, verify items, reserved target and draft slots,
+// preemption of the newest request when the pool runs out. The "models" are simulated: a
+// step takes a synthetic memory-bound time, and each draft is accepted with a probability
+// that differs per request. The server commits what was accepted, exactly as the Python
+// engine does, and feeds the controller back. The program checks the manager's invariants
+// every step and exits non-zero on any unexpected status.
+#include <algorithm>
 #include <cstdio>
-#include <deque>
 #include <memory>
 #include <random>
+#include <unordered_map>
 #include <vector>
 
 #include "specd/block_manager.h"
+#include "specd/goodput_controller.h"
+#include "specd/step_planner.h"
 
 namespace {
 
@@ -21,11 +27,11 @@ constexpr specd::ModelIndex kTarget = 0;
 constexpr specd::ModelIndex kDraft = 1;
 
 struct Request {
-  specd::SeqId id;
-  int64_t prompt_len;
-  int64_t generated = 0;
-  int64_t max_new = 0;
-  int preemptions = 0;
+  specd::RequestId id;
+  int64_t length;                 // prompt + generated tokens
+  int64_t computed_t = 0, computed_d = 0;
+  int64_t generated = 0, max_new = 0;
+  double alpha = 0.0;             // the simulated chance that each draft is accepted
 };
 
 bool fail(const specd::Status& s, const char* where) {
@@ -33,17 +39,8 @@ bool fail(const specd::Status& s, const char* where) {
   return false;
 }
 
-// Prefill: the target and the draft write KV for the whole prefix (prompt + generated).
-specd::Status admit(specd::BlockManager& bm, const Request& r) {
-  const int32_t len = static_cast<int32_t>(r.prompt_len + r.generated);
-  SPECD_RETURN_IF_ERROR(bm.add_sequence(r.id));
-  specd::Reservation res;
-  for (specd::ModelIndex m : {kTarget, kDraft}) {
-    SPECD_RETURN_IF_ERROR(bm.reserve(r.id, m, len, &res));
-    SPECD_RETURN_IF_ERROR(bm.commit(r.id, m, len));
-  }
-  return specd::Status::Ok();
-}
+// A memory-bound GPU: flat to 64 tokens, then linear.
+double forward_seconds(int64_t tokens, double base) { return base + 0.00025 * std::max<int64_t>(0, tokens - 64); }
 
 }  // namespace
 
@@ -51,75 +48,119 @@ int main() {
   // Qwen2.5-Coder-1.5B (28 layers, 2 KV heads x 128, bf16) and -0.5B (24 layers, 2 x 64).
   specd::BlockManagerConfig config;
   config.page_bytes = 16 * 28672;  // 16 target tokens per page
-  config.num_pages = 48;
+  config.num_pages = 64;
   config.models = {{"target", 28672}, {"draft", 12288}};
   std::unique_ptr<specd::BlockManager> bm;
   if (auto s = specd::BlockManager::create(config, &bm); !s.ok()) return fail(s, "create"), 1;
 
-  std::mt19937 rng(2024);
-  std::deque<Request> waiting;
-  for (specd::SeqId id = 0; id < 12; ++id)
-    waiting.push_back(Request{id, 40 + static_cast<int64_t>(rng() % 120), 0,
-                              60 + static_cast<int64_t>(rng() % 100)});
-  std::vector<Request> running, done;
-  const int32_t k = 4;
-  int64_t steps = 0, preemptions = 0, tokens = 0;
+  const int32_t k_max = 6;
+  specd::StepPlanner planner(bm.get(), specd::StepPlannerConfig{8, 256, true, k_max});
+  specd::GoodputController controller(specd::GoodputControllerConfig{{true}, k_max, 0.9, {}});
 
-  while (!waiting.empty() || !running.empty()) {
-    // Admit while the pool can hold the prefix of both models plus one step's lookahead.
-    while (!waiting.empty()) {
-      const Request& r = waiting.front();
-      const std::vector<int64_t> need{r.prompt_len + r.generated + k + 1,
-                                      r.prompt_len + r.generated + k};
-      if (!bm->can_admit(need)) break;
-      if (auto s = admit(*bm, r); !s.ok()) return fail(s, "admit"), 1;
-      running.push_back(r);
-      waiting.pop_front();
+  std::mt19937 rng(2024);
+  std::unordered_map<specd::RequestId, Request> requests;
+  for (specd::RequestId id = 0; id < 16; ++id) {
+    const Request r{id, 40 + static_cast<int64_t>(rng() % 120), 0, 0, 0, 60 + static_cast<int64_t>(rng() % 100),
+                    id % 2 == 0 ? 0.85 : 0.2};
+    requests.emplace(id, r);
+    if (auto s = planner.add(id); !s.ok()) return fail(s, "add"), 1;
+  }
+  int64_t steps = 0, preemptions = 0, tokens = 0, speculated = 0, decided = 0, finished = 0;
+  int64_t drafted[2] = {0, 0}, verifies[2] = {0, 0};  // [poor, good drafts]: draft tokens, verify steps
+
+  while (planner.has_work()) {
+    std::vector<specd::SequenceState> states;
+    for (const auto& [id, r] : requests)
+      states.push_back(specd::SequenceState{id, r.length, r.computed_t, r.computed_d, r.max_new - r.generated});
+    if (auto s = planner.sync(states); !s.ok()) return fail(s, "sync"), 1;
+
+    // Decide k for the running requests and the ones the step may admit.
+    std::vector<specd::ControllerRequest> batch;
+    for (specd::RequestId id : planner.candidates()) {
+      const Request& r = requests.at(id);
+      const int64_t room = r.max_new - r.generated;
+      batch.push_back(specd::ControllerRequest{id, static_cast<int32_t>(r.length - r.computed_t),
+                                               static_cast<int32_t>(std::min<int64_t>(k_max, room - 1)),
+                                               static_cast<int32_t>(r.length - r.computed_d), room});
     }
-    if (running.empty()) {
-      std::fprintf(stderr, "request %lld cannot fit in an empty pool\n",
-                   static_cast<long long>(waiting.front().id));
+    std::vector<specd::ControllerDecision> decisions;
+    if (auto s = controller.decide(batch, &decisions); !s.ok()) return fail(s, "decide"), 1;
+    std::vector<specd::PlannedDecision> planned;
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      planned.push_back(specd::PlannedDecision{batch[i].id, decisions[i].k,
+                                               decisions[i].k > 0 ? specd::ProposalKind::kDraftModel
+                                                                  : specd::ProposalKind::kNone});
+    specd::StepPlan plan;
+    if (auto s = planner.plan(planned, &plan); !s.ok()) return fail(s, "plan"), 1;
+    if (plan.items.empty()) {
+      std::fprintf(stderr, "nothing could be scheduled: the pool is too small\n");
       return 1;
     }
     ++steps;
-    // Plan: reserve lookahead for every running request, preempting the newest on failure.
-    for (std::size_t i = 0; i < running.size();) {
-      specd::Reservation res;
-      specd::Status st = bm->reserve(running[i].id, kTarget, k + 1, &res);
-      if (st.ok()) {
-        st = bm->reserve(running[i].id, kDraft, k, &res);
-        if (!st.ok()) (void)bm->rollback(running[i].id, kTarget, running[i].prompt_len + running[i].generated);
-      }
-      if (st.code() == specd::StatusCode::kOutOfPages) {
-        Request victim = running.back();
-        running.pop_back();
-        if (auto s = bm->free_sequence(victim.id); !s.ok()) return fail(s, "preempt"), 1;
-        ++victim.preemptions;
-        ++preemptions;
-        waiting.push_front(victim);
-        continue;  // retry request i (or stop if it was the victim)
-      }
-      if (!st.ok()) return fail(st, "reserve"), 1;
-      ++i;
+    for (specd::RequestId id : plan.preempted) {
+      Request& r = requests.at(id);
+      r.computed_t = r.computed_d = 0;  // recomputed from its tokens when re-admitted
+      ++preemptions;
     }
-    // Verify + commit: accept a random number of drafts, plus the bonus token.
-    for (std::size_t i = 0; i < running.size();) {
-      Request& r = running[i];
-      const int32_t accepted = static_cast<int32_t>(rng() % (k + 1));
-      // Target: last token + accepted drafts now have KV; the draft: the accepted drafts.
-      if (auto s = bm->commit(r.id, kTarget, 1 + accepted); !s.ok()) return fail(s, "commit"), 1;
-      if (auto s = bm->commit(r.id, kDraft, accepted); !s.ok()) return fail(s, "commit"), 1;
-      // Keep the draft no further ahead than the target (its KV for the bonus comes next step).
-      r.generated += accepted + 1;
-      tokens += accepted + 1;
+    // (A real server copies the plan's copy-on-write pages, then runs the draft loop and the
+    // target forward over the items' slots; here the forwards are timed by the model above.)
+    int64_t target_tokens = 0, draft_depth = 0, draft_first = 0;
+    for (const specd::WorkPlan& w : plan.items) {
+      target_tokens += w.num_tokens();
+      draft_depth = std::max<int64_t>(draft_depth, w.k);
+      draft_first += w.draft_catch_up;
+    }
+    double seconds = forward_seconds(target_tokens, 0.020);
+    if (auto s = controller.observe_forward(specd::ForwardKind::kTarget, target_tokens, seconds); !s.ok())
+      return fail(s, "observe_forward"), 1;
+    for (int64_t j = 0; j < draft_depth; ++j) {
+      int64_t n = 0;
+      for (const specd::WorkPlan& w : plan.items) n += w.k > j ? (j == 0 ? w.draft_catch_up : 1) : 0;
+      const double t = forward_seconds(n, 0.004);
+      seconds += t;
+      if (auto s = controller.observe_forward(specd::ForwardKind::kDraft, n, t); !s.ok()) return fail(s, "observe"), 1;
+    }
+    controller.observe_overhead(0.0005);
+
+    // Verify and commit: the engine's rules (accepted drafts, then the bonus token).
+    int64_t emitted = 0;
+    for (const specd::WorkPlan& w : plan.items) {
+      Request& r = requests.at(w.id);
+      int32_t accepted = 0;
+      if (w.decide) {
+        std::bernoulli_distribution accept(r.alpha);
+        while (accepted < w.k && accept(rng)) ++accepted;
+      }
+      const int32_t target_commit = w.num_prefix + (w.decide ? 1 + accepted : 0);
+      if (auto s = bm->commit(w.id, kTarget, target_commit); !s.ok()) return fail(s, "commit"), 1;
+      r.computed_t += target_commit;
+      if (!w.draft_slots.empty()) {
+        const int32_t keep = w.draft_catch_up + std::min(accepted, w.k - 1);
+        if (auto s = bm->commit(w.id, kDraft, keep); !s.ok()) return fail(s, "commit"), 1;
+        r.computed_d += keep;
+      }
+      if (!w.decide) continue;
+      ++decided;
+      speculated += w.k > 0 ? 1 : 0;
+      drafted[r.alpha > 0.5] += w.k;
+      ++verifies[r.alpha > 0.5];
+      if (w.k > 0)
+        if (auto s = controller.observe(w.id, 0, w.k, accepted); !s.ok()) return fail(s, "observe"), 1;
+      const int64_t emit = std::min<int64_t>(accepted + 1, r.max_new - r.generated);
+      r.length += emit;
+      r.generated += emit;
+      emitted += emit;
       if (r.generated >= r.max_new) {
-        if (auto s = bm->free_sequence(r.id); !s.ok()) return fail(s, "free"), 1;
-        done.push_back(r);
-        running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
+        if (auto s = planner.finish(w.id); !s.ok()) return fail(s, "finish"), 1;
+        controller.forget(w.id, r.generated);
+        requests.erase(w.id);
+        ++finished;
       }
-      ++i;
     }
+    tokens += emitted;
+    if (auto s = controller.observe_step(emitted, seconds + 0.0005, static_cast<int64_t>(planner.waiting().size()));
+        !s.ok())
+      return fail(s, "observe_step"), 1;
     if (auto s = bm->check_invariants(); !s.ok()) return fail(s, "check_invariants"), 1;
   }
 
@@ -127,10 +168,14 @@ int main() {
     std::fprintf(stderr, "leak: %d of %d pages still used\n", bm->num_used_pages(), bm->num_pages());
     return 1;
   }
-  std::printf("specd embed example: %zu requests, %lld steps, %lld tokens, %lld preemptions, "
-              "block sizes target=%d draft=%d tokens/page, all %d pages free at the end\n",
-              done.size(), static_cast<long long>(steps), static_cast<long long>(tokens),
-              static_cast<long long>(preemptions), bm->block_size(kTarget), bm->block_size(kDraft),
-              bm->num_pages());
-  return done.size() == 12 ? 0 : 1;
+  // Requests whose drafts are mostly accepted should get more of them per step.
+  const double k_good = static_cast<double>(drafted[1]) / std::max<int64_t>(1, verifies[1]);
+  const double k_poor = static_cast<double>(drafted[0]) / std::max<int64_t>(1, verifies[0]);
+  std::printf("specd embed example: %lld requests, %lld steps, %lld tokens, %lld preemptions, %.0f%% of verify "
+              "steps speculated, mean k %.2f for good drafts (85%% accepted) vs %.2f for poor ones (20%%), all %d "
+              "pages free\n",
+              static_cast<long long>(finished), static_cast<long long>(steps), static_cast<long long>(tokens),
+              static_cast<long long>(preemptions), 100.0 * static_cast<double>(speculated) / std::max<int64_t>(1, decided),
+              k_good, k_poor, bm->num_pages());
+  return finished == 16 && k_good > k_poor ? 0 : 1;
 }
