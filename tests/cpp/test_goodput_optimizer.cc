@@ -27,6 +27,33 @@ std::vector<double> chain_gains(const std::vector<double>& alphas) {
   return g;
 }
 
+// A random step of 1..max_n requests, each with one draft-model option: a chain of
+// 1..max_depth gains from alphas in [alpha_lo, 1), a catch-up of 1..max_base tokens and a
+// draft width of min_width (plus 0..extra_widths - 1 at random when extra_widths > 1).
+struct RandomDraftStep {
+  std::vector<std::vector<double>> gains;
+  std::vector<SpecOption> options;
+  std::vector<SpecRequest> reqs;
+
+  RandomDraftStep(std::mt19937& rng, std::size_t max_n, std::size_t max_depth, double alpha_lo, int32_t max_base,
+                  int32_t min_width = 1, int32_t extra_widths = 1) {
+    std::uniform_real_distribution<double> u(0, 1);
+    const std::size_t n = 1 + rng() % max_n;
+    gains.resize(n);
+    options.resize(n);
+    reqs.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> alphas(1 + rng() % max_depth);
+      for (double& a : alphas) a = alpha_lo + (1 - alpha_lo) * u(rng);
+      gains[i] = chain_gains(alphas);
+      const auto base = 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_base));
+      const int32_t width = min_width + (extra_widths > 1 ? static_cast<int32_t>(rng() % static_cast<uint32_t>(extra_widths)) : 0);
+      options[i] = SpecOption{gains[i], true, base, width};
+      reqs[i] = SpecRequest{1, Span<const SpecOption>(&options[i], 1)};
+    }
+  }
+};
+
 double brute_force(Span<const SpecRequest> reqs, const StepCostModel& cost, std::vector<int32_t>* best_k) {
   // Allocations over cost.max_target_tokens (when > 0) are not candidates, except all-zero.
   const std::size_t n = reqs.size();
@@ -119,17 +146,8 @@ TEST(GoodputOptimizer, DraftTreesChargeTheirGrowingForwards) {
   for (int trial = 0; trial < 200; ++trial) {
     const CostModel t = linear(0.002 + 0.03 * u(rng), 0.0005 + 0.005 * u(rng));
     const CostModel d = linear(0.001 + 0.01 * u(rng), 0.0002 + 0.004 * u(rng));
-    const std::size_t n = 1 + rng() % 3;
-    std::vector<std::vector<double>> gains(n);
-    std::vector<SpecOption> options(n);
-    std::vector<SpecRequest> reqs(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::vector<double> alphas(1 + rng() % 4);
-      for (double& a : alphas) a = 0.5 + 0.5 * u(rng);
-      gains[i] = chain_gains(alphas);
-      options[i] = SpecOption{gains[i], true, 1 + static_cast<int32_t>(rng() % 3), 2 + static_cast<int32_t>(rng() % 3)};
-      reqs[i] = SpecRequest{1, Span<const SpecOption>(&options[i], 1)};
-    }
+    const RandomDraftStep step(rng, 3, 4, 0.5, 3, 2, 3);
+    const std::vector<SpecRequest>& reqs = step.reqs;
     const StepCostModel c{&t, &d, 0.001 * u(rng)};
     Allocation a;
     SPECD_ASSERT_OK(optimize_goodput(reqs, c, &a));
@@ -203,17 +221,8 @@ TEST(GoodputOptimizer, NearBruteForceOnNonConvexCurves) {
   int trials = 0, speculated = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const CostModel target = bumpy(rng, 0.3), draft = bumpy(rng, 0.1);
-    const std::size_t n = 1 + rng() % 4;
-    std::vector<std::vector<double>> gains(n);
-    std::vector<SpecOption> options(n);
-    std::vector<SpecRequest> reqs(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::vector<double> alphas(1 + rng() % 3);
-      for (double& a : alphas) a = 0.3 + 0.7 * u(rng);
-      gains[i] = chain_gains(alphas);
-      options[i] = SpecOption{gains[i], true, 1 + static_cast<int32_t>(rng() % 2)};
-      reqs[i] = SpecRequest{1, Span<const SpecOption>(&options[i], 1)};
-    }
+    const RandomDraftStep step(rng, 4, 3, 0.3, 2);
+    const std::vector<SpecRequest>& reqs = step.reqs;
     const StepCostModel cost{&target, &draft, 0.001};
     Allocation a;
     SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));

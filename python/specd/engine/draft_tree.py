@@ -45,13 +45,17 @@ from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
 
-def _children(logits: torch.Tensor, item: WorkItem, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """The `width` most probable next tokens of one row and their probabilities (positive only)."""
-    params = item.request.params
-    probs = torch.softmax(logits.double(), dim=-1) if params.greedy else sampling_probs(logits, params)
-    top = torch.topk(probs, min(width, probs.shape[-1]))
-    keep = top.values > 0
-    return (top.indices[keep].to(torch.int32).cpu().numpy(), top.values[keep].to(torch.float32).cpu().numpy())
+def _children(logits: torch.Tensor, owners: list[WorkItem], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `width` most probable next tokens of each row of a forward's logits ``[rows, vocab]``
+    (row r belongs to ``owners[r]``) and their probabilities, read to the host in one copy:
+    int32 and float32 ``[rows, width]`` (probability 0 marks no candidate)."""
+    rows = []
+    for r, item in enumerate(owners):
+        params = item.request.params
+        rows.append(torch.softmax(logits[r].double(), dim=-1) if params.greedy else sampling_probs(logits[r], params))
+    top = torch.topk(torch.stack(rows).double(), min(width, logits.shape[-1]), dim=-1)
+    packed = torch.cat([top.indices.double(), top.values], dim=-1).cpu().numpy()  # the forward's one host read
+    return packed[:, :top.indices.shape[-1]].astype(np.int32), packed[:, top.indices.shape[-1]:].astype(np.float32)
 
 
 class _Growth:
@@ -67,8 +71,10 @@ class _Growth:
         self.chain = 0  # the deepest node of the draft's greedy path (most probable child each time)
         self.on_chain = {0}  # every node of that path
 
-    def expand(self, node: int, logits: torch.Tensor) -> None:
-        tokens, probs = _children(logits, self.item, self.width)
+    def expand(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
+        """Adds the candidates (one row of _children) of an unexpanded node."""
+        keep = probs > 0
+        tokens, probs = tokens[keep], probs[keep]
         first = len(self.builder)
         self.builder.expand(node, tokens, probs)
         if node == self.chain:
@@ -143,17 +149,17 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         return on_forward(tokens, call) if on_forward is not None else call()
 
     logits = run([catch_up_segment(it) for it in items])  # [n, vocab]: each root's next token
-    for g, row in zip(grow, logits):
-        g.expand(0, row)
+    tokens, probs = _children(logits, items, width)
+    for i, g in enumerate(grow):
+        g.expand(0, tokens[i], probs[i])
     for j in range(1, max(it.k for it in items)):
         active = [g for g in grow if g.item.k > j]
         planned = [g.segment() for g in active]
         logits = run([seg for seg, _ in planned])
-        row = 0
-        for g, (_, added) in zip(active, planned):
-            for node in g.fed[len(g.fed) - added:]:
-                g.expand(node, logits[row])
-                row += 1
+        new = [(g, node) for g, (_, added) in zip(active, planned) for node in g.fed[len(g.fed) - added:]]
+        tokens, probs = _children(logits, [g.item for g, _ in new], width)
+        for r, (g, node) in enumerate(new):
+            g.expand(node, tokens[r], probs[r])
     if size is None:
         out = []
         for g, it in zip(grow, items):

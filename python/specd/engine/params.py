@@ -144,13 +144,11 @@ class SpeculationConfig:
         return (-1 if self.policy == "goodput" else fixed), (fixed if self.draft_tree_width > 1 else -1)
 
     def draft_tree_nodes(self, k: int) -> int:
-        """Node budget of a draft-model proposal of depth k: k for chains."""
-        if k == 0 or self.draft_tree_width == 1:
-            return k
-        return self.max_tree_nodes if self.max_tree_nodes is not None else k * self.draft_tree_width
+        """Node budget of a draft-model proposal of depth k: k for chains (the StepPlanner's rule)."""
+        fixed = self.planner_node_budgets[1]
+        return k if k == 0 or self.draft_tree_width == 1 else fixed if fixed >= 0 else k * self.draft_tree_width
 
     def tree_nodes(self, k: int) -> int:
-        """Node budget of a tree proposal of depth k (ngram/suffix)."""
-        if k == 0 or self.max_tree_nodes is None or self.policy == "goodput":
-            return k
-        return self.max_tree_nodes
+        """Node budget of a tree proposal of depth k (ngram/suffix; the StepPlanner's rule)."""
+        fixed = self.planner_node_budgets[0]
+        return fixed if k > 0 and fixed >= 0 else k

@@ -143,7 +143,3 @@ class Scheduler:
             self.planner.finish(request.id)
             del self.requests[request.id]
         request.in_blocks = False
-
-    def draft_fed(self, k: int) -> int:
-        """Draft KV slots past the catch-up of a depth-k draft proposal."""
-        return self.planner.draft_fed(k)
