@@ -234,6 +234,12 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
   // the target's (the first catch-up is not free: on a CPU it can take seconds).
   const double ratio = !draft_.has_data() ? 1.0
                        : target_.predict(1) > 0 ? draft_view_.predict(1) / target_.predict(1) : 0.0;
+  // Up to twice the largest size the draft was timed at, its own curve prices the catch-up
+  // (header, rule 4); the target's scaled curve is only a floor beyond that. (On a 2-core
+  // CPU the floor, scaled at one token, put a 171-token catch-up at 1.4 s where the draft's
+  // own measurements said 0.9 s, and refused investments that static k = 1 showed to pay.)
+  const std::vector<std::pair<double, double>> timed = draft_.measured();
+  const double draft_reach = timed.empty() ? 0.0 : 2.0 * timed.back().first;
   std::vector<bool> invest(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     if (behind[i] == 0) {
@@ -247,8 +253,11 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     const double per_step = extra / goodput - delta;
     const double steps_left = static_cast<double>(batch[i].remaining_tokens) / (1.0 + extra);
     const int64_t base = users + 1;
-    const double wait = std::max({draft_view_.predict(base + behind[i]) - draft_view_.predict(base),
-                                  ratio * (target_.predict(verified + behind[i]) - target_.predict(verified)), 0.0});
+    const double own = draft_view_.predict(base + behind[i]) - draft_view_.predict(base);
+    const double floor = static_cast<double>(base + behind[i]) <= draft_reach
+                             ? 0.0
+                             : ratio * (target_.predict(verified + behind[i]) - target_.predict(verified));
+    const double wait = std::max({own, floor, 0.0});
     invest[i] = steps_left * per_step > wait;
   }
   return invest;

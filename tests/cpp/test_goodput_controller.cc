@@ -160,6 +160,32 @@ TEST(GoodputController, CatchUpIsRefusedUnderAForecastSaturation) {
   }
 }
 
+TEST(GoodputController, CatchUpIsPricedByTheDraftsOwnCurveWhereTimed) {
+  // A draft 5x cheaper than the target at one token and 25x cheaper per token above the
+  // knee (on a 2-core CPU: 0.4x at one token, 0.25x at 179). A request 2,000 tokens behind
+  // with 20 tokens to go: its catch-up costs 70 ms on the draft's measured curve, which pays,
+  // but 0.2 x the target's 500 ms (the single-token ratio) beyond the sizes the draft was
+  // timed at, which does not. So it catches up where the draft was timed at 1,024 tokens
+  // (2,000 is within twice that) and not where it was timed up to 64 only.
+  for (const int64_t timed_up_to : {1024, 64}) {
+    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024}) {
+        SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)));
+        if (n <= timed_up_to)
+          SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, knee_seconds(n, 0.004, 64, 0.00001)));
+      }
+    c.observe_overhead(0.0005);
+    std::vector<int32_t> warm;
+    run_steps(&c, decode_batch(1, 8, 1, 100), 0.8, 10, &warm);
+    std::vector<ControllerDecision> d;
+    const std::vector<ControllerRequest> batch{{100, 1, 8, 1, 200}, {0, 1, 8, 2000, 20}};
+    SPECD_ASSERT_OK(c.decide(batch, &d));
+    EXPECT_GT(d[0].k, 0) << "timed up to " << timed_up_to;
+    EXPECT_EQ(d[1].k > 0, timed_up_to == 1024) << "timed up to " << timed_up_to;
+  }
+}
+
 TEST(GoodputController, PredictedTokensAndProposerPerRequest) {
   // Proposer 0 (model-free) works for request 1 only, proposer 1 (draft model) for request 2.
   GoodputController c(GoodputControllerConfig{{false, true}, 6, 0.9, {}});

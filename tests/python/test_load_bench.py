@@ -10,6 +10,8 @@ import pytest
 import specd
 from specd.bench import load
 from specd.bench.replay import ReplayWorld, record_traces
+from specd.engine.policies import make_policy
+from specd.engine.policy_trace import TracedPolicy, first_difference, load_trace, replay
 from specd.engine.timer import GPUProfile, SyntheticTimer
 from specd.models.llama import LlamaModel
 from specd.models.loader import load_model
@@ -140,17 +142,96 @@ def test_cli_simulated_and_real(tiny_llama_dir, tiny_llama_draft_dir, tmp_path, 
     monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
     r = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--draft", tiny_llama_draft_dir,
                 "--requests", "6", "--max-tokens", "10", "--rates", "2,1000", "--max-num-seqs", "4",
-                "--json", tmp_path / "sim.json", "--plot", tmp_path)
+                "--json", tmp_path / "sim.json", "--plot", tmp_path, "--trace", tmp_path / "traces")
     assert r.returncode == 0, r.stderr
     assert "SYNTHETIC" in r.stdout and "goodput/best static" in r.stdout
+    traces = sorted((tmp_path / "traces").glob("*.json"))
+    assert len(traces) == 2 * 7  # 2 rates x 7 policies, one repetition
+    gp = load_trace(tmp_path / "traces" / "rate1_goodput_rep0.json")
+    assert gp["policy"] == "goodput" and gp["rate"] == 1000 and gp["speculation"]["policy"] == "goodput"
+    assert gp["timed_from"] == 0  # no warm-up on the virtual clock
+    assert first_difference(replay(gp["events"], make_policy("goodput", specd.SpeculationConfig(
+        **gp["speculation"])))) is None
     check_report(tmp_path / "sim.json", tmp_path / "load_simulated.png", synthetic=True)
     assert list((tmp_path / "cache" / "traces").glob("traces-*.json"))  # recorded once, cached
     r = run_cli("bench", "load", "--target", tiny_llama_dir, "--method", "ngram", "--requests", "3",
                 "--max-tokens", "6", "--rates", "1000", "--max-num-seqs", "3", "--dtype", "float32",
-                "--json", tmp_path / "real.json", "--plot", tmp_path)
+                "--json", tmp_path / "real.json", "--plot", tmp_path, "--trace", tmp_path / "real_traces")
     assert r.returncode == 0, r.stderr
+    gp = load_trace(tmp_path / "real_traces" / "rate0_goodput_rep0.json")
+    assert 0 < gp["timed_from"] < len(gp["events"])  # the warm-up request comes first
+    # Wall-clock decisions replay exactly: the trace holds the measured times.
+    assert first_difference(replay(gp["events"], make_policy("goodput", specd.SpeculationConfig(
+        **gp["speculation"])))) is None
     check_report(tmp_path / "real.json", tmp_path / "load_real.png", synthetic=False)
     bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--rates", "0,-1")
     assert bad.returncode == 2 and "rates must be positive" in bad.stderr
     bad = run_cli("bench", "load", "--target", tiny_llama_dir, "--method", "draft", "--requests", "2")
     assert bad.returncode == 2 and "needs --draft" in bad.stderr
+
+
+def _traced_goodput(w, method, width=1, timer=None):
+    spec = specd.SpeculationConfig(method=method, num_speculative_tokens="auto", draft_tree_width=width)
+    traced = TracedPolicy(make_policy("goodput", spec))
+    llm = specd.LLM.from_models(w.model("target"), w.model("draft") if "draft" in method else None, spec,
+                                num_kv_pages=512, max_num_seqs=4, policy=traced,
+                                timer=timer or SyntheticTimer(GPUProfile()))
+    return spec, traced, llm
+
+
+@pytest.mark.parametrize("method,width", [("draft", 1), ("suffix", 1), ("draft", 2), ("draft+ngram", 1)])
+def test_policy_trace_replays_the_goodput_controller_exactly(world, method, width):
+    """A TracedPolicy records every call; a fresh goodput policy fed the trace decides the same
+    k, proposer and node sets with the same predictions, call for call; wrapping changes
+    nothing the engine does."""
+    w, _ = world
+    spec, traced, llm = _traced_goodput(w, method, width)
+    outs = llm.generate(w.prompts, greedy(max_tokens=MAX_TOKENS))
+    assert [o.token_ids for o in outs] == w.outputs
+    calls = {e["call"] for e in traced.events}
+    assert {"decide", "observe", "observe_forward", "observe_step", "observe_load", "forget"} <= calls
+    assert ("size_trees" in calls) == (width > 1)
+    assert ("observe_tree" in calls) == (method != "draft" or width > 1)  # trees learn their calibration
+    decided = [d for e in traced.events if e["call"] == "decide" for d in e["decisions"]]
+    assert any(k > 0 for k, _, _ in decided) and any(k == 0 for k, _, _ in decided)
+
+    replayed = replay(traced.events, make_policy("goodput", spec))
+    assert len(replayed) == sum(e["call"] in ("decide", "size_trees") for e in traced.events)
+    assert first_difference(replayed) is None
+    assert all(r.recorded == r.replayed for r in replayed)  # predictions too, to the bit
+
+    # The same run without the wrapper: identical decisions per request and step.
+    plain = specd.LLM.from_models(w.model("target"), w.model("draft") if "draft" in method else None, spec,
+                                  num_kv_pages=512, max_num_seqs=4, timer=SyntheticTimer(GPUProfile()))
+    again = plain.generate(w.prompts, greedy(max_tokens=MAX_TOKENS))
+    assert [o.metrics.k_per_step for o in again] == [o.metrics.k_per_step for o in outs]
+
+
+def test_policy_trace_shows_where_another_policy_decides_differently(world, tmp_path):
+    """Replaying into a different policy reports the calls whose decisions differ; a trace
+    round-trips through JSON; hooks the wrapped policy lacks are absent on the wrapper."""
+    w, _ = world
+    spec, traced, llm = _traced_goodput(w, "draft")
+    llm.generate(w.prompts[:4], greedy(max_tokens=MAX_TOKENS))
+    traced.save(tmp_path / "t.json", policy="goodput")
+    data = load_trace(tmp_path / "t.json")
+    assert data["policy"] == "goodput" and data["events"] == json.loads(json.dumps(traced.events))
+    static = make_policy("static", specd.SpeculationConfig(method="draft", num_speculative_tokens=8))
+    replayed = replay(data["events"], static)
+    diff = first_difference(replayed)
+    assert diff is not None and diff.call == "decide"
+    assert [d[0] for d in diff.replayed] != [d[0] for d in diff.recorded]
+    assert all(d[0] == 8 or d[0] <= r["k_max"] for d, r in zip(diff.replayed, data["events"][diff.index]["requests"]))
+
+    bare = TracedPolicy(static)
+    for hook in ("observe_step", "observe_load", "observe_overhead", "observe_tree", "size_trees", "metrics",
+                 "wants_node_probs"):
+        assert not hasattr(bare, hook), hook
+    full = TracedPolicy(make_policy("goodput", spec))
+    assert all(callable(getattr(full, h)) for h in ("observe_step", "observe_load", "observe_overhead",
+                                                    "size_trees", "metrics"))
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(specd.InvalidArgumentError, match="not a policy trace"):
+        load_trace(tmp_path / "bad.json")
+    with pytest.raises(specd.InvalidArgumentError, match="unknown call"):
+        replay([{"call": "teleport"}], static)

@@ -24,9 +24,11 @@
 //    batch (requests beyond today's batch at the proposers' prior acceptance), the request
 //    drafts k tokens with that proposer for D extra tokens per step at marginal time d; with
 //    G that plan's goodput and S = remaining_tokens / (1 + D) steps left, invest iff
-//    S (D / G - d) > the batch's wait for the catch-up (the draft's predicted time for the
-//    missing tokens; before the draft was ever timed, the target's). Requests in sync
-//    always may draft.
+//    S (D / G - d) > the batch's wait for the catch-up: the draft's predicted time for the
+//    missing tokens, from its own measured curve up to twice the largest size it was timed
+//    at; beyond that, no less than the target's time for them scaled by the two models'
+//    single-token ratio (before the draft was ever timed, the target's time). Requests in
+//    sync always may draft.
 // 5. The step itself: base tokens and catch-up as they are, the catch-up charged to the
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G T at the price G of 3. A typical step (all base 1, all in sync) is

@@ -20,15 +20,19 @@ quantity the goodput policy maximizes).
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from specd.engine.params import SamplingParams, SpeculationConfig
+from specd.engine.policies import make_policy
+from specd.engine.policy_trace import TracedPolicy
 
 
 @dataclass(frozen=True)
@@ -142,14 +146,19 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
 def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[PolicySpec],
           prompts: Sequence[list[int]], rates: Sequence[float], requests: int, max_tokens: int, clock: str,
           expected: Optional[Sequence[list[int]]] = None, seed: int = 0,
-          log: Callable[[str], None] = print, warmup: Optional[list[int]] = None, reps: int = 1) -> list[dict]:
+          log: Callable[[str], None] = print, warmup: Optional[list[int]] = None, reps: int = 1,
+          trace_dir: Optional[Path] = None) -> list[dict]:
     """Every policy at every rate (same arrivals for all policies of a rate); one summary row each.
     ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
     policy; a held-out prompt, so no proposer's cache has seen the timed ones).
     ``reps``: runs per policy and rate, each with a fresh LLM, interleaved (every policy once,
     then again) so that a drift of the machine's speed spreads over all policies; the row is
     the run of median mean latency, with every run's mean latency in ``latency_mean_s_runs``
-    and ``identical_outputs`` over all runs."""
+    and ``identical_outputs`` over all runs.
+    ``trace_dir``: every run's policy is wrapped in a TracedPolicy (engine/policy_trace.py) and
+    its calls, warm-up included (``timed_from``: the first event of the timed arrivals), are
+    written to ``rate<i>_<policy>_rep<j>.json`` there; ``make_llm`` is then called with the
+    traced policy as ``policy=``."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     rows = []
@@ -159,11 +168,22 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
         for rep in range(reps):
             for spec in policies:
                 t = time.perf_counter()
-                llm = make_llm(spec.speculation)
+                traced = None
+                if trace_dir is not None:
+                    traced = TracedPolicy(make_policy(spec.speculation.policy, spec.speculation))
+                    llm = make_llm(spec.speculation, policy=traced)
+                else:
+                    llm = make_llm(spec.speculation)
                 if warmup is not None:
                     llm.generate([list(warmup)], SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                                                 ignore_eos=True))
+                timed_from = len(traced.events) if traced is not None else 0
                 run = run_load(llm, prompts, arrivals, max_tokens, clock, expected, spec.label, rate).summary()
+                if traced is not None:
+                    Path(trace_dir).mkdir(parents=True, exist_ok=True)
+                    slug = re.sub(r"[^A-Za-z0-9]+", "_", spec.label).strip("_")
+                    traced.save(Path(trace_dir) / f"rate{r}_{slug}_rep{rep}.json", policy=spec.label, rate=rate,
+                                rep=rep, timed_from=timed_from, speculation=asdict(spec.speculation))
                 runs[spec.label].append(run)
                 log(f"rate {rate:.3g}/s {spec.label}{f' (run {rep + 1}/{reps})' if reps > 1 else ''}: mean latency "
                     f"{run['latency_mean_s']:.3f} s, mean k {run['mean_k']:.2f} ({time.perf_counter() - t:.1f} s)")

@@ -58,6 +58,9 @@ def add_parser(sub) -> None:
     g.add_argument("--overhead-ms", type=float, default=0.5, help="per-step time outside the forwards (ms)")
     p.add_argument("--json", type=Path, help="write rows, comparison and settings as JSON here")
     p.add_argument("--plot", type=Path, help="write latency-vs-rate PNG into this directory")
+    p.add_argument("--trace", type=Path, metavar="DIR",
+                   help="record every run's policy calls (inputs, measured forwards, decisions) as JSON in DIR, "
+                        "for inspection and for specd.engine.policy_trace.replay")
     p.set_defaults(run=run)
 
 
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         rates = [base * m for m in ((0.5, 2, 8, 32, 128) if sim else (0.5, 32))]
         log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
     rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
-                      args.seed, log, warmup=warmup, reps=args.reps)
+                      args.seed, log, warmup=warmup, reps=args.reps, trace_dir=args.trace)
     cmp = load.compare(rows)
     print(title)
     print(load.table(rows))
@@ -164,9 +167,10 @@ def _simulated(args, target, draft, method, log):
     target_model = world.model("target", max_positions=longest + 64)
     draft_model = world.model("draft", max_positions=longest + 64) if world.has_draft else None
 
-    def make_llm(spec):
+    def make_llm(spec, policy=None):
         return LLM.from_models(target_model, draft_model if "draft" in spec.methods else None, spec,
-                               num_kv_pages=pages, max_num_seqs=args.max_num_seqs, timer=SyntheticTimer(profile))
+                               num_kv_pages=pages, max_num_seqs=args.max_num_seqs, timer=SyntheticTimer(profile),
+                               policy=policy)
 
     title = (f"specd bench load --simulated: SYNTHETIC GPU profile {profile}; engine decisions replayed from greedy "
              f"traces of {Path(target).name} / {Path(draft).name if draft else '-'} ({len(world.prompts)} prompts); "
@@ -191,9 +195,9 @@ def _real(args, target, draft, method, log):
     held_out = prompts[args.requests] if len(prompts) > args.requests else None
     prompts = prompts[:min(len(prompts), args.requests)]
 
-    def make_llm(spec):
+    def make_llm(spec, policy=None):
         return LLM(t, d if "draft" in spec.methods else None, spec, dtype=args.dtype,
-                   max_num_seqs=args.max_num_seqs)
+                   max_num_seqs=args.max_num_seqs, policy=policy)
 
     log(f"reference: plain greedy outputs of {len(prompts)} prompts")
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
