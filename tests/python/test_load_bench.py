@@ -11,7 +11,7 @@ import specd
 from specd.bench import load
 from specd.bench.replay import ReplayWorld, record_traces
 from specd.engine.policies import make_policy
-from specd.engine.policy_trace import TracedPolicy, first_difference, load_trace, replay
+from specd.engine.policy_trace import TracedPolicy, first_difference, forward_times, load_trace, replay
 from specd.engine.timer import GPUProfile, SyntheticTimer
 from specd.models.llama import LlamaModel
 from specd.models.loader import load_model
@@ -118,6 +118,25 @@ def test_sweep_repetitions_report_the_median_run(world):
         load.sweep(make_llm, policies, w.prompts[:2], [1.0], 2, MAX_TOKENS, "virtual", reps=0)
 
 
+def test_sweep_rotates_the_policy_order_per_repetition(world):
+    """Each round starts len(policies)/reps policies further on, so no policy always runs first
+    or last in a round."""
+    w, _ = world
+    made = []
+
+    def make_llm(spec):
+        made.append(spec.k)
+        return specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=2,
+                                     timer=SyntheticTimer(GPUProfile(step_overhead=0.0)))
+
+    policies = [load.PolicySpec(f"ngram k={k}", specd.SpeculationConfig(method="ngram", num_speculative_tokens=k))
+                for k in (1, 2, 3)]
+    rows = load.sweep(make_llm, policies, w.prompts[:2], [1.0], 2, MAX_TOKENS, "virtual", w.outputs[:2],
+                      log=lambda m: None, reps=3)
+    assert made == [1, 2, 3, 2, 3, 1, 3, 1, 2]
+    assert [r["policy"] for r in rows] == ["ngram k=1", "ngram k=2", "ngram k=3"]  # rows stay in policy order
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)
@@ -192,6 +211,10 @@ def test_policy_trace_replays_the_goodput_controller_exactly(world, method, widt
     assert {"decide", "observe", "observe_forward", "observe_step", "observe_load", "forget"} <= calls
     assert ("size_trees" in calls) == (width > 1)
     assert ("observe_tree" in calls) == (method != "draft" or width > 1)  # trees learn their calibration
+    times = forward_times(traced.events)
+    assert sum(map(len, times.values())) == sum(e["call"] == "observe_forward" for e in traced.events)
+    assert {m for m, _ in times} == ({"target", "draft"} if "draft" in method else {"target"})
+    assert all(t > 0 for ts in times.values() for t in ts)
     decided = [d for e in traced.events if e["call"] == "decide" for d in e["decisions"]]
     assert any(k > 0 for k, _, _ in decided) and any(k == 0 for k, _, _ in decided)
 

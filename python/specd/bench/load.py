@@ -152,7 +152,9 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
     ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
     policy; a held-out prompt, so no proposer's cache has seen the timed ones).
     ``reps``: runs per policy and rate, each with a fresh LLM, interleaved (every policy once,
-    then again) so that a drift of the machine's speed spreads over all policies; the row is
+    then again) so that a drift of the machine's speed spreads over all policies, and each
+    round's order rotated by ``len(policies) / reps`` (no policy always runs first or last in
+    a round, where a machine warming up or slowing down would favour it); the row is
     the run of median mean latency, with every run's mean latency in ``latency_mean_s_runs``
     and ``identical_outputs`` over all runs.
     ``trace_dir``: every run's policy is wrapped in a TracedPolicy (engine/policy_trace.py) and
@@ -166,7 +168,8 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
         arrivals = poisson_arrivals(rate, requests, seed + r)
         runs: dict[str, list[dict]] = {spec.label: [] for spec in policies}
         for rep in range(reps):
-            for spec in policies:
+            shift = rep * len(policies) // reps
+            for spec in list(policies[shift:]) + list(policies[:shift]):
                 t = time.perf_counter()
                 traced = None
                 if trace_dir is not None:

@@ -15,7 +15,8 @@ engine treats both alike.
 decision call, what was recorded and what the policy decides now. The goodput controller is
 deterministic, so a fresh one replays its own trace exactly; with a changed controller the
 differences show which decisions the change moves on the recorded inputs (measured times
-and acceptances of a real run). ``specd bench load --trace DIR`` writes one trace per run.
+and acceptances of a real run). ``forward_times(events)`` lists the measured forward times
+by model and token count. ``specd bench load --trace DIR`` writes one trace per run.
 """
 
 from __future__ import annotations
@@ -183,6 +184,16 @@ def replay(events: Sequence[dict], policy: SpeculationPolicy) -> list[ReplayedDe
         else:
             raise InvalidArgumentError(f"event {i}: unknown call {call!r}")
     return out
+
+
+def forward_times(events: Sequence[dict]) -> dict[tuple[str, int], list[float]]:
+    """Measured forward times in a trace: (model, tokens) -> seconds of each such forward, in
+    order (the cost curve the policy learned from)."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for e in events:
+        if e.get("call") == "observe_forward":
+            out.setdefault((e["model"], e["tokens"]), []).append(e["seconds"])
+    return dict(sorted(out.items()))
 
 
 def first_difference(replayed: Sequence[ReplayedDecision]) -> Optional[ReplayedDecision]:
