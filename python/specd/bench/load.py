@@ -163,6 +163,8 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
     traced policy as ``policy=``."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
+    if trace_dir is not None:
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
     rows = []
     for r, rate in enumerate(rates):
         arrivals = poisson_arrivals(rate, requests, seed + r)
@@ -183,7 +185,6 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
                 timed_from = len(traced.events) if traced is not None else 0
                 run = run_load(llm, prompts, arrivals, max_tokens, clock, expected, spec.label, rate).summary()
                 if traced is not None:
-                    Path(trace_dir).mkdir(parents=True, exist_ok=True)
                     slug = re.sub(r"[^A-Za-z0-9]+", "_", spec.label).strip("_")
                     traced.save(Path(trace_dir) / f"rate{r}_{slug}_rep{rep}.json", policy=spec.label, rate=rate,
                                 rep=rep, timed_from=timed_from, speculation=asdict(spec.speculation))

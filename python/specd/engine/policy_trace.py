@@ -30,6 +30,9 @@ from specd.engine.policy import Decision, SpeculationPolicy, StepRequest
 from specd.errors import InvalidArgumentError
 
 _OPTIONAL = ("observe_load", "observe_overhead", "observe_step", "observe_tree", "size_trees")
+# The optional hooks whose arguments are plain numbers: the event fields, in call order.
+_HOOK_ARGS = {"observe_load": ("waiting", "max_batch"), "observe_overhead": ("seconds",),
+              "observe_step": ("tokens", "seconds", "waiting")}
 
 
 def _floats(xs) -> list[float]:
@@ -171,16 +174,12 @@ def replay(events: Sequence[dict], policy: SpeculationPolicy) -> list[ReplayedDe
             r.output_ids = [0] * e["generated"]
             policy.forget(r)
             del requests[r.id]
-        elif call in ("observe_load", "observe_overhead", "observe_step", "observe_tree"):
-            fn = getattr(policy, call, None)
-            if fn is None:
-                continue
-            args = {"observe_load": ("waiting", "max_batch"), "observe_overhead": ("seconds",),
-                    "observe_step": ("tokens", "seconds", "waiting")}.get(call)
-            if call == "observe_tree":
-                fn(req(e["request"]), e["method"], e["predicted"], e["accepted"])
-            else:
-                fn(*(e[a] for a in args))
+        elif call == "observe_tree":
+            if hasattr(policy, call):
+                policy.observe_tree(req(e["request"]), e["method"], e["predicted"], e["accepted"])
+        elif call in _HOOK_ARGS:
+            if hasattr(policy, call):
+                getattr(policy, call)(*(e[a] for a in _HOOK_ARGS[call]))
         else:
             raise InvalidArgumentError(f"event {i}: unknown call {call!r}")
     return out
