@@ -9,7 +9,10 @@ Models: random-weight Llama-family models with the shapes of the real pair (targ
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
 heads; vocab 151,936), bf16, built in memory (no download; acceptance is meaningless, timing
 is not). Plan: batch 1 and 8, k 4, 24 greedy tokens (--quick: 12 tokens); for each case, one
-LLM per mode generates the same requests after a warm-up run (which also captures the graphs).
+LLM per (mode, layers) generates the same requests after a warm-up run (which also captures the
+graphs). layers: "fused" (the default on CUDA: nine kernels per decoder layer, specd.ops layer
+ops) or "torch" (about forty torch kernels per layer, LLM(fused_layers=False)); the graph modes
+run both, the eager modes the default only.
 
 Per row (printed as soon as measured; bench_draft_loop.json rewritten after every row):
   draft ms/fwd   the engine's timer: draft time / draft forwards (forward 0, the catch-up,
@@ -21,6 +24,8 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
   gpu us/step    the same call once more under torch.profiler (CUDA activity): the union of the
                  device intervals of its kernels and copies / draft forwards, i.e. the GPU time
                  of that work without the gaps the host leaves
+  kernels/fwd    the GPU kernels of that profiled call / draft forwards (what the graph's launch
+                 and its per-kernel gaps scale with)
   host us/step   wall - gpu: the host-side overhead per draft step (Python, launches, host
                  synchronisations) that the GPU waits for. Medians over up to 6 draft calls per
                  run (the first call of a run, which catches the draft up on the prompts, skipped).
@@ -32,8 +37,9 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
   target ms/step, step ms: the engine's target forward time and whole step time per step
                  (the last mode also runs verify steps through the target graph runner)
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
-                 whether the outputs equal those of the case's first mode (greedy speculation is
-                 lossless, so every mode must produce the same tokens; the target-graph mode
+                 whether the outputs equal those of the case's first mode with the same layers
+                 (greedy speculation is lossless, so every mode must produce the same tokens; fused
+                 and torch layers round differently in bf16; the target-graph mode
                  verifies with the attention kernels while the others verify with torch SDPA,
                  so in bf16 it is also compared with plain decoding through the target graph,
                  i.e. with the same attention numerics).
@@ -56,6 +62,7 @@ from typing import Optional
 import torch
 
 MODES = ("eager loop", "graph runner, eager", "graph runner, CUDA graph", "draft + target graphs")
+GRAPH_MODES = (MODES[2], MODES[3])  # run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
 
 
@@ -87,9 +94,10 @@ def random_model(config, dev, dtype):
     return model.to(dtype).eval()
 
 
-def gpu_busy_us(fn) -> Optional[float]:
+def gpu_busy_us(fn) -> tuple[Optional[float], int]:
     """Microseconds the GPU spends in fn's kernels and copies (union of their intervals, from
-    torch.profiler's CUDA activity), or None when the profiler records no device activity."""
+    torch.profiler's CUDA activity; None when the profiler records no device activity) and the
+    number of kernels among them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -97,10 +105,11 @@ def gpu_busy_us(fn) -> Optional[float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    kernels = sum(1 for e in events if "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     if not spans:
-        return None
+        return None, 0
     busy, (start, end) = 0.0, spans[0]
     for s, e in spans[1:]:
         if s > end:
@@ -108,7 +117,7 @@ def gpu_busy_us(fn) -> Optional[float]:
             start, end = s, e
         else:
             end = max(end, e)
-    return busy + end - start
+    return busy + end - start, kernels
 
 
 class DraftProbe:
@@ -138,23 +147,24 @@ class DraftProbe:
             if self.cuda:
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e6
-            gpu = None
+            gpu, kernels = None, None
             if self.cuda:
                 try:
-                    gpu = gpu_busy_us(run)
+                    gpu, kernels = gpu_busy_us(run)
                 except Exception as e:  # keep the wall-clock numbers
                     self.errors.append(f"profiler: {type(e).__name__}: {e}")
-            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu})
+            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu,
+                                 "kernels": kernels})
         self.seen += 1
         return self.real(model, pool, items, on_forward, graph)
 
     def summary(self) -> dict:
         per = lambda key: [s[key] / s["forwards"] for s in self.samples if s[key] is not None]  # noqa: E731
-        wall, gpu = per("wall_us"), per("gpu_us")
+        wall, gpu, kernels = per("wall_us"), per("gpu_us"), per("kernels")
         host = [(s["wall_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["gpu_us"] is not None]
         med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
         return {"probe_calls": len(self.samples), "wall_us_per_step": med(wall), "gpu_us_per_step": med(gpu),
-                "host_us_per_step": med(host)}
+                "host_us_per_step": med(host), "kernels_per_forward": med(kernels)}
 
 
 class RunnerProbe:
@@ -187,14 +197,16 @@ class RunnerProbe:
                 "loop_calls": len(per)}
 
 
-def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe, loop_probe: RunnerProbe):
+def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe,
+             loop_probe: RunnerProbe):
     import specd
     from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner
 
     spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=k)
     llm = specd.LLM.from_models(target, draft, spec, device=draft.device, max_num_seqs=batch, max_model_len=2048,
                                 num_kv_pages=4096 if draft.device.type == "cuda" else 256,
-                                draft_graph=mode != MODES[0], target_graph=mode == MODES[3])
+                                draft_graph=mode != MODES[0], target_graph=mode == MODES[3],
+                                fused_layers=layers == "fused")
     if mode == MODES[1]:  # the runner's loop without capture
         old = llm.draft_graph
         llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
@@ -208,7 +220,7 @@ def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftPro
     outs = llm.generate(prompts[:batch], params)
     wall = time.perf_counter() - t0
     t = llm.engine.timings
-    result = {"mode": mode, "batch": batch, "k": k, "max_tokens": max_tokens,
+    result = {"mode": mode, "layers": layers, "batch": batch, "k": k, "max_tokens": max_tokens,
               "draft_ms_per_forward": 1e3 * t.draft_forward_s / max(1, t.draft_forwards),
               "draft_forwards": t.draft_forwards, "target_ms_per_step": 1e3 * t.target_forward_s / max(1, t.steps),
               "step_ms": 1e3 * t.step_s / max(1, t.steps), "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
@@ -219,7 +231,8 @@ def run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe: DraftPro
         # numerics: plain decoding through the target graph (decode steps are 1-row verifies).
         plain = specd.LLM.from_models(target, None, specd.SpeculationConfig(method="none"), device=target.device,
                                       max_num_seqs=batch, max_model_len=2048,
-                                      num_kv_pages=4096 if target.device.type == "cuda" else 256, target_graph=True)
+                                      num_kv_pages=4096 if target.device.type == "cuda" else 256, target_graph=True,
+                                      fused_layers=layers == "fused")
         result["same_as_plain_with_kernel_attention"] = (
             [o.token_ids for o in plain.generate(prompts[:batch], params)] == [o.token_ids for o in outs])
         del plain
@@ -236,13 +249,15 @@ def fmt(x, width, digits=1) -> str:
     return f"{x:>{width}.{digits}f}" if isinstance(x, (int, float)) else f"{'-':>{width}}"
 
 
-HEADER = (f"{'mode':<26} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'wall us/step':>12} {'gpu us/step':>11} "
+HEADER = (f"{'mode':<26} {'layers':>6} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'kernels/fwd':>11} "
+          f"{'wall us/step':>12} {'gpu us/step':>11} "
           f"{'host us/step':>12} {'loop host us/step':>17} {'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
           f"{'tok/s':>8}  same")
 
 
 def print_row(r: dict) -> None:
-    print(f"{r['mode']:<26} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
+    print(f"{r['mode']:<26} {r['layers']:>6} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
+          f"{fmt(r.get('kernels_per_forward'), 11, 0)} "
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
           f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('loop_host_us_per_step'), 17)} "
           f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
@@ -314,29 +329,31 @@ def main(argv=None) -> int:
     last_case_s = 0.0
     try:
         for batch, k in sizes:
-            outputs = {}
+            outputs = {}  # layers -> mode -> outputs
             # batch > 1: without the runner's eager mode, and the slow eager loop last, to fit the budget
             order = modes if batch == 1 else [m for m in modes if m not in (MODES[0], MODES[1])] + [MODES[0]]
-            for mode in order:
+            cases = [(m, layers) for m in order for layers in (("torch", "fused") if m in GRAPH_MODES else ("fused",))]
+            for mode, layers in cases:
                 elapsed = time.perf_counter() - start
                 if elapsed >= args.budget_s or elapsed + last_case_s > args.budget_s:
-                    skipped.append(f"{mode} b={batch} k={k}")
+                    skipped.append(f"{mode} ({layers} layers) b={batch} k={k}")
                     print(f"SKIPPED (budget {args.budget_s:.0f} s, {elapsed:.0f} s used): {skipped[-1]}", flush=True)
                     save()
                     continue
                 t_case = time.perf_counter()
+                same_layers = outputs.setdefault(layers, {})
                 try:
-                    r, outputs[mode] = run_mode(mode, target, draft, prompts, batch, k, max_tokens, probe,
-                                               loop_probe)
+                    r, same_layers[mode] = run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens,
+                                                    probe, loop_probe)
                 except Exception as e:  # keep the other modes' numbers
-                    failures.append(f"{mode} b={batch} k={k}: {type(e).__name__}: {e}")
+                    failures.append(f"{mode} ({layers} layers) b={batch} k={k}: {type(e).__name__}: {e}")
                     print("FAILED", failures[-1], file=sys.stderr, flush=True)
                     save()
                     continue
                 last_case_s = time.perf_counter() - t_case
                 r["case_s"] = round(last_case_s, 1)
-                first = next(iter(outputs))  # greedy speculation is lossless: every mode must agree
-                r["same_outputs_as_first_mode"] = outputs[mode] == outputs[first]
+                first = next(iter(same_layers))  # greedy speculation is lossless: every mode must agree
+                r["same_outputs_as_first_mode"] = same_layers[mode] == same_layers[first]
                 rows.append(r)
                 print_row(r)
                 save()

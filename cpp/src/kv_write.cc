@@ -23,33 +23,30 @@ Status validate_kv_write(const KvWriteParams& p) {
   return Status::Ok();
 }
 
-namespace {
-
-Status check_slots(const KvWriteParams& p) {
-  const int64_t num_slots = int64_t{p.layout.num_pages} * p.layout.block_size;
+Status check_kv_write_slots(const char* op, const int64_t* slot_mapping, int32_t num_tokens,
+                            const PagedKvLayout& layout) {
+  const int64_t num_slots = int64_t{layout.num_pages} * layout.block_size;
   std::vector<int64_t> used;
-  for (int32_t t = 0; t < p.num_tokens; ++t) {
-    const int64_t s = p.slot_mapping[t];
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    const int64_t s = slot_mapping[t];
     if (s < 0) continue;
     if (s >= num_slots)
-      return error_status(StatusCode::kOutOfRange, "kv_write: token ", t, " has slot ", s,
-                          " past the cache (", p.layout.num_pages, " pages x ",
-                          p.layout.block_size, " slots)");
+      return error_status(StatusCode::kOutOfRange, op, ": token ", t, " has slot ", s,
+                          " past the cache (", layout.num_pages, " pages x ", layout.block_size,
+                          " slots)");
     used.push_back(s);
   }
   std::sort(used.begin(), used.end());
   const auto dup = std::adjacent_find(used.begin(), used.end());
   if (dup != used.end())
-    return error_status(StatusCode::kInvalidArgument, "kv_write: slot ", *dup,
+    return error_status(StatusCode::kInvalidArgument, op, ": slot ", *dup,
                         " is written by more than one token");
   return Status::Ok();
 }
 
-}  // namespace
-
 Status kv_write_cpu(const KvWriteParams& p, bool strict) {
   SPECD_RETURN_IF_ERROR(validate_kv_write(p));
-  if (strict) SPECD_RETURN_IF_ERROR(check_slots(p));
+  if (strict) SPECD_RETURN_IF_ERROR(check_kv_write_slots("kv_write", p.slot_mapping, p.num_tokens, p.layout));
   const std::size_t esize = static_cast<std::size_t>(kv_dtype_size(p.dtype));
   const std::size_t row_bytes = static_cast<std::size_t>(kv_row_elems(p.layout)) * esize;
   const auto* k = static_cast<const unsigned char*>(p.k);

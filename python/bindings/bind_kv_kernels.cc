@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_launch.h"
 #include "errors.h"
 #include "kv_params.h"
 #include "numpy_util.h"
@@ -204,16 +205,6 @@ py::array_t<float> tree_attention_cpu_py(const InND<float>& q, const InND<float>
   check(tree_attention_cpu(p, strict));
   return to_numpy(std::move(out), {q.shape(0), q.shape(1), q.shape(2)});
 }
-
-#ifdef SPECD_WITH_CUDA
-cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
-
-void check_launch(cudaError_t err, const char* kernel) {
-  if (err != cudaSuccess)
-    raise_status(error_status(StatusCode::kInternal, kernel, " kernel launch failed: ",
-                              cuda::error_string(err)));
-}
-#endif
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda_launch.h"
 #include "errors.h"
 #include "specd/sampling.h"
 #include "specd/sampling_batch.h"
@@ -105,16 +106,6 @@ ProbRows prob_rows(uintptr_t data, int32_t rows, int32_t vocab, int64_t stride) 
   p.stride = stride;
   return p;
 }
-
-#ifdef SPECD_WITH_CUDA
-cudaStream_t as_stream(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
-
-void check_launch(cudaError_t err, const char* kernel) {
-  if (err != cudaSuccess)
-    raise_status(error_status(StatusCode::kInternal, kernel, " kernel launch failed: ",
-                              cuda::error_string(err)));
-}
-#endif
 
 // Argument names shared by the CPU and CUDA forms.
 #define SPECD_LOGITS_ARGS py::arg("logits_ptr"), py::arg("dtype"), py::arg("rows"), py::arg("vocab"), py::arg("stride")

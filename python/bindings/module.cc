@@ -12,6 +12,7 @@ void bind_block_manager(py::module_& m);
 void bind_kv(py::module_& m);
 void bind_kv_kernels(py::module_& m);
 void bind_kv_ops(py::module_& m);
+void bind_layer_ops(py::module_& m);
 void bind_spec_kernels(py::module_& m);
 void bind_spec(py::module_& m);
 void bind_proposers(py::module_& m);
@@ -34,6 +35,7 @@ PYBIND11_MODULE(_core, m) {
   specd::py_bind::bind_kv(m);
   specd::py_bind::bind_kv_kernels(m);
   specd::py_bind::bind_kv_ops(m);
+  specd::py_bind::bind_layer_ops(m);
   specd::py_bind::bind_spec_kernels(m);
   specd::py_bind::bind_spec(m);
   specd::py_bind::bind_proposers(m);

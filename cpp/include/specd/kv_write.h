@@ -49,4 +49,10 @@ Status validate_kv_write(const KvWriteParams& params);
 // / kInvalidArgument) before writing anything.
 Status kv_write_cpu(const KvWriteParams& params, bool strict = false);
 
+// The strict checks of the CPU references that write K/V rows at a slot mapping (this one and
+// rope_kv_write.h): kOutOfRange for a slot past the cache, kInvalidArgument for a slot written
+// twice; messages start with `op`.
+Status check_kv_write_slots(const char* op, const int64_t* slot_mapping, int32_t num_tokens,
+                            const PagedKvLayout& layout);
+
 }  // namespace specd

@@ -79,6 +79,11 @@ class LLM:
         (default): on when the target is on a CUDA device and the runner supports it, also
         without speculation, so that plain and speculative decoding attend with the same
         kernels (greedy outputs equal token for token); else off.
+    fused_layers: run each decoder layer of both models as nine kernels (specd.ops layer ops
+        around one matrix product for q/k/v and one for gate/up; models/llama.py) instead of
+        about forty torch kernels. None (default): on for models on a CUDA device when specd has
+        its CUDA kernels. True on CPU runs the float32 references (float32 models only; for
+        testing). Outputs agree with the torch layers to rounding, not to the bit.
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -87,7 +92,8 @@ class LLM:
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 1024,
                  max_model_len: Optional[int] = None, seed: int = 0,
                  policy: Union[str, SpeculationPolicy, None] = None, timer=None,
-                 draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None):
+                 draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
+                 fused_layers: Optional[bool] = None):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -101,7 +107,8 @@ class LLM:
                     t.tokenizer, speculation, device=device, kv_cache_memory=kv_cache_memory,
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
-                    policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph)
+                    policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph,
+                    fused_layers=fused_layers)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
@@ -109,7 +116,8 @@ class LLM:
                     num_kv_pages: Optional[int] = None, block_size: int = 16, max_num_seqs: int = 32,
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
-                    draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None) -> "LLM":
+                    draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
+                    fused_layers: Optional[bool] = None) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -121,7 +129,7 @@ class LLM:
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph,
-                    target_graph=target_graph)
+                    target_graph=target_graph, fused_layers=fused_layers)
         return self
 
     @staticmethod
@@ -138,9 +146,10 @@ class LLM:
 
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-               seed, policy, timer, draft_graph=None, target_graph=None) -> None:
+               seed, policy, timer, draft_graph=None, target_graph=None, fused_layers=None) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
+        _set_fused_layers(fused_layers, target_model, draft_model)
         tc = target_model.config
         models = [KVModel("target", tc, self.target.dtype)]
         if self.draft is not None:
@@ -288,3 +297,24 @@ class LLM:
         finally:
             if not req.finished:
                 self.engine.abort(req)
+
+
+def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:
+    """LLM's ``fused_layers`` on every LlamaModel given (other model objects have no layers)."""
+    if fused_layers not in (None, True, False):
+        raise InvalidArgumentError(f"fused_layers must be None, True or False, got {fused_layers!r}")
+    for model in models:
+        if not isinstance(model, LlamaModel):
+            continue
+        if fused_layers and model.device.type == "cpu" and model.dtype != torch.float32:
+            raise InvalidArgumentError(f"fused_layers=True on the CPU runs the float32 references; the model is "
+                                       f"{model.dtype} (use dtype='float32', or leave fused_layers unset)")
+        if fused_layers and model.device.type == "cuda" and not _ops_have_cuda():
+            raise InvalidArgumentError("fused_layers=True on CUDA needs a specd build with CUDA kernels")
+        model.fused = fused_layers
+
+
+def _ops_have_cuda() -> bool:
+    import specd.ops as ops
+
+    return ops.HAS_CUDA_KERNELS

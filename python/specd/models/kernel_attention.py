@@ -37,7 +37,7 @@ class DeviceAttentionMetadata:
 class KernelAttention:
     """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
     (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the
-    kernel (UNVALIDATED on a GPU so far, see docs/cuda.md)."""
+    kernel (validated on an H100: docs/benchmarks.md)."""
 
     def __init__(self, scale: Optional[float] = None):
         import specd.ops  # noqa: F401  (registers torch.ops.specd)
@@ -50,5 +50,10 @@ class KernelAttention:
         if sliding_window is not None:
             raise InvalidArgumentError("KernelAttention has no sliding window; use TorchPagedAttention")
         torch.ops.specd.kv_write(cache.k, cache.v, k.to(cache.k.dtype), v.to(cache.v.dtype), meta.slot_mapping)
+        return self.attend(q, cache, meta)
+
+    def attend(self, q: torch.Tensor, cache: LayerKV, meta: DeviceAttentionMetadata) -> torch.Tensor:
+        """The attention of q ``[T, H, D]`` over caches that already hold the new tokens' K/V
+        (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
                                               meta.kv_lens, meta.tree_mask, self.scale)

@@ -3,6 +3,16 @@ paged KV cache: one forward runs the new tokens of many sequences (varlen), writ
 K/V into the slots the block manager handed out, and attends through block tables with
 per-sequence token-tree masks (models/attention.py). Weights use Hugging Face names, so
 ``LlamaModel.from_loaded(load_model(path))`` serves HF directories and GGUF files alike.
+
+Two forwards compute the same function. The torch one (the default on CPU) is a layer of
+about forty small torch kernels. The fused one (``fused``, the default on CUDA when specd has
+its CUDA kernels) is nine per layer: the layer-op kernels of specd.ops (RMS norm with the
+residual add, the SiLU-gated product, RoPE with the KV write when the attention backend is
+KernelAttention) around one matrix product each for q/k/v and for gate/up, whose weights are
+concatenated once (``fuse_projections``; the separate projections' weights become views of the
+concatenation, so nothing is stored twice). The two round differently in 16-bit dtypes (the
+norm's sum order, one product for q/k/v instead of three), so outputs agree to rounding, not to
+the bit; a model uses one forward for all its passes.
 """
 
 from __future__ import annotations
@@ -13,10 +23,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specd.errors import ModelLoadError
+from specd.errors import InvalidArgumentError, ModelLoadError
 from specd.models.attention import AttentionBackend, AttentionMetadata, LayerKV, TorchPagedAttention
 from specd.models.config import ModelConfig
+from specd.models.kernel_attention import KernelAttention
 from specd.models.rope import RotaryEmbedding, apply_rope
+
+_FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class RMSNorm(nn.Module):
@@ -50,6 +63,28 @@ class Attention(nn.Module):
         out = backend.forward(q, k, v, cache, meta, window)
         return self.o_proj(out.reshape(t, self.heads * self.head_dim))
 
+    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV,
+                      meta: AttentionMetadata, backend: AttentionBackend, window: Optional[int]) -> torch.Tensor:
+        """forward with q/k/v as one product (``fuse``d weights) and, for KernelAttention on a
+        cache of x's dtype, RoPE and the KV write as one kernel. cos/sin ``[T, 1, head_dim]``."""
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 Hkv) D]
+        if isinstance(backend, KernelAttention) and window is None and cache.k.dtype == x.dtype:
+            q = torch.ops.specd.rope_kv_write(qkv, cos[:, 0], sin[:, 0], cache.k, cache.v, meta.slot_mapping,
+                                              self.heads)
+            out = backend.attend(q, cache, meta)
+        else:
+            q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                                 self.kv_heads * self.head_dim], dim=-1)
+            q = apply_rope(q.view(t, self.heads, self.head_dim), cos, sin)
+            k = apply_rope(k.view(t, self.kv_heads, self.head_dim), cos, sin)
+            out = backend.forward(q, k, v.view(t, self.kv_heads, self.head_dim), cache, meta, window)
+        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+
+    def fuse(self) -> None:
+        """q/k/v weights (and biases) as one concatenation; the projections keep views of it."""
+        self.qkv_weight, self.qkv_bias = _concat_views([self.q_proj, self.k_proj, self.v_proj])
+
 
 class MLP(nn.Module):
     def __init__(self, c: ModelConfig):
@@ -60,6 +95,27 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(torch.ops.specd.silu_mul(F.linear(x, self.gate_up_weight)))
+
+    def fuse(self) -> None:
+        self.gate_up_weight, _ = _concat_views([self.gate_proj, self.up_proj])
+
+
+def _concat_views(linears: list[nn.Linear]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The linears' weights (and biases, if any) concatenated along the output dimension; each
+    linear's parameters are replaced by views of the concatenation (same values, no copy kept)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
 
 
 class DecoderLayer(nn.Module):
@@ -93,6 +149,10 @@ class LlamaModel(nn.Module):
         self.rope: Optional[RotaryEmbedding] = None
         # Hugging Face applies Mistral's sliding window; Qwen2 only with use_sliding_window.
         self.window = config.sliding_window if config.architecture == "mistral" else None
+        #: Which forward runs (module doc): True the fused one, False the torch one, None the
+        #: fused one on CUDA when specd has its CUDA kernels.
+        self.fused: Optional[bool] = None
+        self._fused_key: Optional[tuple] = None  # what fuse_projections last concatenated
 
     @classmethod
     def from_loaded(cls, loaded, device: str | torch.device = "cpu",
@@ -121,6 +181,34 @@ class LlamaModel(nn.Module):
     def device(self) -> torch.device:
         return self.lm_head.weight.device
 
+    def uses_fused(self) -> bool:
+        """Whether forward runs the fused layer kernels (``fused``, module doc)."""
+        if self.fused is not None:
+            return self.fused
+        import specd.ops as ops
+
+        return self.device.type == "cuda" and ops.HAS_CUDA_KERNELS and self.dtype in _FUSED_DTYPES
+
+    @torch.no_grad()
+    def fuse_projections(self) -> None:
+        """Concatenates q/k/v and gate/up weights of every layer for the fused forward (done by
+        the first fused forward, and again whenever the weights were replaced or moved). Not
+        during CUDA graph capture: the first fused forward must run eagerly (the graph runners
+        warm up before they capture)."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InvalidArgumentError("fuse_projections during CUDA graph capture: run a fused forward eagerly first")
+        with torch.inference_mode(False):  # normal tensors: the weights stay loadable in place
+            for layer in self.model.layers:
+                layer.self_attn.fuse()
+                layer.mlp.fuse()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the old weights' memory is free only after the copies
+        self._fused_key = self._projection_key()
+
+    def _projection_key(self) -> tuple:
+        first = self.model.layers[0]
+        return (first.self_attn.q_proj.weight.data_ptr(), first.mlp.gate_proj.weight.data_ptr(), self.dtype)
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: list[LayerKV],
                 logits_indices: Optional[torch.Tensor] = None,
@@ -138,6 +226,9 @@ class LlamaModel(nn.Module):
             self.rope = RotaryEmbedding(c.head_dim, c.rope_theta, c.rope_scaling, self.device)
         cos, sin = self.rope.cos_sin(meta.positions, self.dtype)
         x = self.model.embed_tokens(input_ids)
+        if self.uses_fused():
+            logits = self._forward_fused(x, cos, sin, meta, kv, logits_indices, backend)
+            return logits.float() if logits_out is None else logits_out.copy_(logits)
         for layer, cache in zip(self.model.layers, kv):
             h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, backend, self.window)
             x = x + h
@@ -146,3 +237,28 @@ class LlamaModel(nn.Module):
             x = x[logits_indices]
         logits = self.lm_head(self.model.norm(x))
         return logits.float() if logits_out is None else logits_out.copy_(logits)
+
+    def _forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
+                       kv: list[LayerKV], logits_indices: Optional[torch.Tensor],
+                       backend: AttentionBackend) -> torch.Tensor:
+        """The fused forward (module doc) from the embeddings x ``[T, hidden]``; returns the
+        LM head's output in the model's dtype. x is the residual stream, updated in place."""
+        if self._fused_key != self._projection_key():
+            self.fuse_projections()
+        ops = torch.ops.specd
+        layers = self.model.layers
+        h = ops.rms_norm(x, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps) if len(layers) else x
+        out = None
+        for i, (layer, cache) in enumerate(zip(layers, kv)):
+            if i > 0:
+                norm = layer.input_layernorm
+                h = ops.add_rms_norm(out, x, norm.weight, norm.eps)
+            attn = layer.self_attn.forward_fused(h, cos, sin, cache, meta, backend, self.window)
+            norm = layer.post_attention_layernorm
+            h = ops.add_rms_norm(attn, x, norm.weight, norm.eps)
+            out = layer.mlp.forward_fused(h)
+        if out is None:  # no layers
+            out = torch.zeros_like(x)
+        if logits_indices is not None:
+            out, x = out[logits_indices], x[logits_indices]
+        return self.lm_head(ops.add_rms_norm(out, x, self.model.norm.weight, self.model.norm.eps))
