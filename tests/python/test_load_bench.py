@@ -258,3 +258,55 @@ def test_policy_trace_shows_where_another_policy_decides_differently(world, tmp_
         load_trace(tmp_path / "bad.json")
     with pytest.raises(specd.InvalidArgumentError, match="unknown call"):
         replay([{"call": "teleport"}], static)
+
+
+# ---- a measured GPU profile in place of the knee model ----
+
+
+def _profile_json(path, target_points, draft_points, overhead_ms=0.4):
+    points = lambda pts: [{"batch": 1, "query": n, "tokens": n, "context": 256, "ms": ms} for n, ms in pts]  # noqa: E731
+    path.write_text(json.dumps({"meta": {"device": "TEST GPU", "weights": "made up for the test"},
+                                "models": {"target": points(target_points), "draft": points(draft_points)},
+                                "step_overhead_ms": overhead_ms}))
+    return path
+
+
+def test_measured_profile_interpolates_the_measured_times(tmp_path):
+    from specd.engine.timer import MeasuredProfile
+
+    path = _profile_json(tmp_path / "p.json", [(1, 10.0), (4, 10.0), (8, 12.0), (8, 14.0), (64, 40.0)], [(2, 3.0)])
+    p = MeasuredProfile.load(path)
+    assert p.tokens["target"] == (1, 4, 8, 64)  # 8 measured twice: the median
+    assert p.seconds("target", 1) == p.seconds("target", 3) == pytest.approx(0.010)
+    assert p.seconds("target", 8) == pytest.approx(0.013)
+    assert p.seconds("target", 36) == pytest.approx(0.013 + 0.027 / 2)  # between 8 and 64
+    assert p.seconds("target", 120) == pytest.approx(0.040 + 0.027 * 56 / 56)  # the last segment's slope
+    assert p.seconds("draft", 1) == p.seconds("draft", 50) == pytest.approx(0.003)  # one point: flat
+    assert p.step_overhead == pytest.approx(0.0004) and "TEST GPU" in p.source
+    timer = SyntheticTimer(p)
+    assert timer.forward("target", 8, lambda: "ran") == ("ran", pytest.approx(0.013))
+    assert timer.step_seconds(0.02) == pytest.approx(0.0204)
+    for bad, message in (({"models": {"target": []}, "step_overhead_ms": 1}, "no measured points for the target"),
+                         ({"models": {}}, "KeyError"),
+                         ({"models": {"target": [{"tokens": 0, "ms": 1}], "draft": [{"tokens": 1, "ms": 1}]},
+                           "step_overhead_ms": 1}, "tokens >= 1")):
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(specd.errors.InvalidArgumentError, match=message):
+            MeasuredProfile.load(tmp_path / "bad.json")
+    with pytest.raises(specd.errors.InvalidArgumentError, match="cannot read the GPU profile"):
+        MeasuredProfile.load(tmp_path / "missing.json")
+
+
+def test_cli_simulated_with_a_measured_gpu_profile(tiny_llama_dir, tiny_llama_draft_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
+    profile = _profile_json(tmp_path / "gpu.json", [(1, 8.0), (16, 8.5), (64, 12.0)], [(1, 2.0), (64, 3.0)])
+    r = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--draft", tiny_llama_draft_dir,
+                "--requests", "6", "--max-tokens", "10", "--rates", "2,1000", "--max-num-seqs", "4",
+                "--gpu-profile", profile, "--json", tmp_path / "sim.json")
+    assert r.returncode == 0, r.stderr
+    assert "MEASURED on a GPU" in r.stdout and "TEST GPU" in r.stdout and "SYNTHETIC GPU profile" not in r.stdout
+    data = json.loads((tmp_path / "sim.json").read_text())
+    assert data["settings"]["gpu_profile"] == str(profile) and data["step_overhead_ms"] == pytest.approx(0.4)
+    assert data["synthetic"] is True and "TEST GPU" in data["profile_source"]
+    bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--gpu-profile", tmp_path / "nope.json")
+    assert bad.returncode == 2 and "cannot read the GPU profile" in bad.stderr

@@ -56,6 +56,9 @@ def add_parser(sub) -> None:
     g.add_argument("--draft-knee", type=int, default=64)
     g.add_argument("--draft-per-token-us", type=float, default=50.0)
     g.add_argument("--overhead-ms", type=float, default=0.5, help="per-step time outside the forwards (ms)")
+    g.add_argument("--gpu-profile", type=Path, metavar="JSON",
+                   help="forward times MEASURED on a GPU (bench/gpu/profile_forwards.py; e.g. "
+                        "docs/bench/gpu/h100_forward_profile.json) in place of the knee model and --overhead-ms")
     p.add_argument("--json", type=Path, help="write rows, comparison and settings as JSON here")
     p.add_argument("--plot", type=Path, help="write latency-vs-rate PNG into this directory")
     p.add_argument("--trace", type=Path, metavar="DIR",
@@ -139,7 +142,7 @@ def _simulated(args, target, draft, method, log):
     from specd.bench.prompts import load_prompts
     from specd.bench.replay import ReplayWorld, cached_traces, record_traces
     from specd.engine.llm import LLM
-    from specd.engine.timer import GPUProfile, SyntheticTimer
+    from specd.engine.timer import GPUProfile, MeasuredProfile, SyntheticTimer
     from specd.hub import cache_dir
     from specd.models.llama import LlamaModel
     from specd.models.loader import load_model
@@ -157,11 +160,14 @@ def _simulated(args, target, draft, method, log):
         draft_factory = (lambda: LlamaModel.from_loaded(load_model(draft, args.dtype))) if draft else None
         return record_traces(llm_factory, draft_factory, prompts, args.max_tokens, log)
 
+    if args.gpu_profile is not None:  # read before the traces: a bad file fails fast
+        profile = MeasuredProfile.load(args.gpu_profile)
     world = ReplayWorld(cached_traces(cache_dir() / "traces", key, make))
-    profile = GPUProfile(target_base=args.target_ms / 1e3, target_knee=args.target_knee,
-                         target_per_token=args.target_per_token_us / 1e6, draft_base=args.draft_ms / 1e3,
-                         draft_knee=args.draft_knee, draft_per_token=args.draft_per_token_us / 1e6,
-                         step_overhead=args.overhead_ms / 1e3)
+    if args.gpu_profile is None:
+        profile = GPUProfile(target_base=args.target_ms / 1e3, target_knee=args.target_knee,
+                             target_per_token=args.target_per_token_us / 1e6, draft_base=args.draft_ms / 1e3,
+                             draft_knee=args.draft_knee, draft_per_token=args.draft_per_token_us / 1e6,
+                             step_overhead=args.overhead_ms / 1e3)
     longest = max(len(p) for p in world.prompts) + args.max_tokens + 16
     pages = 2 * args.max_num_seqs * (-(-longest // 16)) + 16
     target_model = world.model("target", max_positions=longest + 64)
@@ -172,11 +178,16 @@ def _simulated(args, target, draft, method, log):
                                num_kv_pages=pages, max_num_seqs=args.max_num_seqs, timer=SyntheticTimer(profile),
                                policy=policy)
 
-    title = (f"specd bench load --simulated: SYNTHETIC GPU profile {profile}; engine decisions replayed from greedy "
+    costs = (f"forward times MEASURED on a GPU ({profile.source}; step overhead {1e3 * profile.step_overhead:.2f} ms)"
+             if args.gpu_profile is not None else f"SYNTHETIC GPU profile {profile}")
+    title = (f"specd bench load --simulated: {costs}; engine decisions replayed from greedy "
              f"traces of {Path(target).name} / {Path(draft).name if draft else '-'} ({len(world.prompts)} prompts); "
              f"{args.requests} requests x {args.max_tokens} tokens per rate; max batch {args.max_num_seqs}; "
              f"method {method}")
-    return make_llm, world.prompts, world.outputs, "virtual", title, {"profile": asdict(profile), "synthetic": True}
+    settings = ({"gpu_profile": str(args.gpu_profile), "profile_source": profile.source,
+                 "step_overhead_ms": 1e3 * profile.step_overhead} if args.gpu_profile is not None
+                else {"profile": asdict(profile)})
+    return make_llm, world.prompts, world.outputs, "virtual", title, {**settings, "synthetic": True}
 
 
 def _real(args, target, draft, method, log):

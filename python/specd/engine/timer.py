@@ -3,14 +3,18 @@ synthetic cost profile. With the synthetic timer, the load benchmark replays the
 scheduling and acceptance decisions against a modelled GPU.
 
 The synthetic profile models a memory-bound step: flat up to a compute knee, then linear.
-Its parameters are the benchmark's command-line options.
+Its parameters are the benchmark's command-line options. A measured profile
+(:class:`MeasuredProfile`) instead interpolates forward times measured on a real GPU
+(bench/gpu/profile_forwards.py writes them).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 import torch
 
@@ -57,6 +61,70 @@ class GPUProfile:
         if model == "target":
             return self.target_base + max(0, tokens - self.target_knee) * self.target_per_token
         return self.draft_base + max(0, tokens - self.draft_knee) * self.draft_per_token
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """Forward times measured on a GPU, per model, as a function of the forward's tokens:
+    piecewise-linear between the measured token counts (the median where several shapes had
+    the same count), the first time below the smallest count, and the line through the last two
+    points beyond the largest (one point: that time everywhere). ``step_overhead`` (seconds per step outside the forwards) is
+    measured too. ``source`` says where the numbers come from (printed with every result)."""
+
+    tokens: Mapping[str, tuple[int, ...]]     # model -> increasing token counts
+    seconds_at: Mapping[str, tuple[float, ...]]
+    step_overhead: float
+    source: str = ""
+
+    @staticmethod
+    def from_points(points: Mapping[str, Sequence[Mapping]], step_overhead_ms: float,
+                    source: str = "") -> "MeasuredProfile":
+        """``points``: model -> [{"tokens": n, "ms": t}, ...] (bench/gpu/profile_forwards.py's
+        "models"); "target" and "draft" are required, with at least one point each."""
+        from specd.errors import InvalidArgumentError
+
+        tokens, seconds = {}, {}
+        for model in ("target", "draft"):
+            by_tokens: dict[int, list[float]] = {}
+            for p in points.get(model, ()):
+                n, ms = int(p["tokens"]), float(p["ms"])
+                if n < 1 or not ms > 0:
+                    raise InvalidArgumentError(f"GPU profile: {model} point {dict(p)} needs tokens >= 1 and ms > 0")
+                by_tokens.setdefault(n, []).append(ms)
+            if not by_tokens:
+                raise InvalidArgumentError(f"GPU profile: no measured points for the {model} model")
+            ns = sorted(by_tokens)
+            tokens[model] = tuple(ns)
+            seconds[model] = tuple(float(np.median(by_tokens[n])) / 1e3 for n in ns)
+        if not step_overhead_ms >= 0:
+            raise InvalidArgumentError(f"GPU profile: step overhead must be >= 0 ms, got {step_overhead_ms}")
+        return MeasuredProfile(tokens, seconds, step_overhead_ms / 1e3, source)
+
+    @staticmethod
+    def load(path) -> "MeasuredProfile":
+        """A profile written by bench/gpu/profile_forwards.py."""
+        import json
+
+        from specd.errors import InvalidArgumentError
+
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            models, overhead = data["models"], float(data["step_overhead_ms"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise InvalidArgumentError(f"cannot read the GPU profile {path}: {type(e).__name__}: {e}") from None
+        meta = data.get("meta", {})
+        source = f"{path} ({meta.get('device', 'unknown device')}, {meta.get('weights', '')})"
+        return MeasuredProfile.from_points(models, overhead, source)
+
+    def seconds(self, model: str, tokens: int) -> float:
+        ns, ts = self.tokens[model], self.seconds_at[model]
+        if tokens <= ns[0] or len(ns) == 1:
+            return ts[0]
+        if tokens >= ns[-1]:
+            slope = (ts[-1] - ts[-2]) / (ns[-1] - ns[-2])
+            return ts[-1] + max(0.0, slope) * (tokens - ns[-1])
+        return float(np.interp(tokens, ns, ts))
 
 
 class SyntheticTimer:

@@ -1,0 +1,173 @@
+"""Forward-time profile of the real pair's shapes on the lent GPU, for the load benchmark's
+simulated mode (``specd bench load --simulated --gpu-profile FILE``): measured step costs in
+place of the synthetic knee model, while acceptance still comes from the real pair's traces.
+
+    python bench/gpu/profile_forwards.py [--out DIR] [--context N] [--reps N] [--dry-run]
+
+Models: random-weight models shaped like the pair (bench_draft_loop.configs: a 28-layer
+Qwen2.5-1.5B-like target, a 24-layer 0.5B-like draft, vocabulary 151,936), bf16, with the
+engine's GPU defaults: fused layer kernels and KernelAttention over a paged cache. Each point
+is one forward of `batch` sequences x `query` new tokens over `context` cached tokens each
+(causal), captured in a CUDA graph and replayed (median of --reps replays timed with CUDA
+events): the decode/verify shapes (batch 1..64 x query 1..9, logits for every new row) and
+prefill shapes (one sequence of 128..2048 tokens, logits for its last row). Weights are random,
+so only the times mean anything.
+
+Then the engine's per-step time outside the forwards (scheduling, proposing, verifying,
+sampling on the host side), from EngineTimings of LLM.generate runs with both graph runners
+(plain decoding and draft k=4, batch 1 and 8): (step_s - target_forward_s - draft_forward_s)
+/ steps.
+
+Writes gpu_forward_profile.json: {"meta", "models": {"target": [points], "draft": [points]},
+"step_overhead_ms"} with points {"batch", "query", "tokens", "context", "ms"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_draft_loop import configs, random_model  # noqa: E402
+
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+QUERIES = {"target": (1, 2, 3, 5, 9), "draft": (1, 2, 3, 5)}
+PREFILL = (128, 256, 512, 1024, 2048)
+
+
+def forward_ms(model, batch: int, query: int, context: int, logits_rows: str, reps: int) -> float:
+    """Median ms of a captured forward of batch x query new tokens over `context` cached ones."""
+    from specd.models.attention import LayerKV
+    from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+
+    dev, c = model.device, model.config
+    block = 16
+    per_seq = (context + query + block - 1) // block
+    pages = batch * per_seq + 1
+    kv = []
+    for _ in range(c.num_hidden_layers):
+        k = torch.randn(pages, block, c.num_key_value_heads, c.head_dim, device=dev, dtype=model.dtype) * 0.1
+        kv.append(LayerKV(k=k, v=k.clone()))
+    table = torch.arange(batch * per_seq, device=dev, dtype=torch.int32).view(batch, per_seq)
+    pos = torch.arange(context, context + query, device=dev).repeat(batch)  # [B q]
+    seq = torch.arange(batch, device=dev).repeat_interleave(query)
+    slots = (table[seq, pos // block].long() * block + pos % block)
+    meta = DeviceAttentionMetadata(pos, slots, table, torch.arange(0, batch * query + 1, query, device=dev,
+                                                                   dtype=torch.int32),
+                                   torch.full((batch,), context + query, device=dev, dtype=torch.int32))
+    ids = torch.randint(0, c.vocab_size, (batch * query,), device=dev)
+    rows = None if logits_rows == "all" else torch.arange(query - 1, batch * query, query, device=dev)
+    backend = KernelAttention()
+    run = lambda: model(ids, meta, kv, rows, backend=backend)  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph, kv
+    torch.cuda.empty_cache()
+    return statistics.median(times)
+
+
+def profile_model(name, model, context: int, reps: int) -> list[dict]:
+    points = []
+    for batch in DECODE_BATCHES:
+        for query in QUERIES[name]:
+            ms = forward_ms(model, batch, query, context, "all", reps)
+            points.append({"batch": batch, "query": query, "tokens": batch * query, "context": context,
+                           "ms": round(ms, 4)})
+            print(f"{name:<6} batch {batch:>3} x query {query} ({batch * query:>4} tokens, context {context}): "
+                  f"{ms:8.3f} ms", flush=True)
+    for tokens in PREFILL:
+        ms = forward_ms(model, 1, tokens, 0, "last", reps)
+        points.append({"batch": 1, "query": tokens, "tokens": tokens, "context": 0, "ms": round(ms, 4)})
+        print(f"{name:<6} prefill {tokens:>4} tokens: {ms:8.3f} ms", flush=True)
+    return points
+
+
+def step_overhead_ms(target, draft) -> dict:
+    """Engine time per step outside the forwards, with both graph runners (module doc)."""
+    import specd
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, target.config.vocab_size, (int(n),), generator=gen).tolist()
+               for n in torch.randint(16, 200, (8,), generator=gen)]
+    params = specd.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    out = {}
+    for label, d, spec in (("plain", None, specd.SpeculationConfig(method="none")),
+                           ("draft k=4", draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=4))):
+        for batch in (1, 8):
+            llm = specd.LLM.from_models(target, d, spec, device=target.device, max_num_seqs=batch,
+                                        max_model_len=2048, num_kv_pages=4096)
+            llm.generate(prompts[:batch], params)  # warm-up, graph capture
+            llm.engine.timings.reset()
+            llm.generate(prompts[:batch], params)
+            t = llm.engine.timings
+            ms = 1e3 * (t.step_s - t.target_forward_s - t.draft_forward_s) / max(1, t.steps)
+            out[f"{label}, batch {batch}"] = round(ms, 3)
+            print(f"engine overhead per step, {label}, batch {batch}: {ms:.3f} ms ({t.steps} steps)", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
+    ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence at decode/verify points")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
+    args = ap.parse_args(argv)
+    import specd.ops as ops
+
+    plan = (f"plan: target and draft, batch {DECODE_BATCHES} x query {QUERIES} at context {args.context}, prefill "
+            f"{PREFILL}; {args.reps} replays per point; JSON -> {os.path.join(args.out, 'gpu_forward_profile.json')}")
+    print(plan, flush=True)
+    if args.dry_run:
+        return 0
+    if not torch.cuda.is_available() or not ops.HAS_CUDA_KERNELS:
+        print("needs a CUDA device and a specd build with CUDA kernels", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    target_cfg, draft_cfg = configs()
+    target, draft = random_model(target_cfg, "cuda", torch.bfloat16), random_model(draft_cfg, "cuda", torch.bfloat16)
+    assert target.uses_fused() and draft.uses_fused()
+    result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bfloat16",
+                       "layers": "fused", "attention": "KernelAttention (specd tree_attention)",
+                       "timing": f"CUDA graph replay, median of {args.reps}", "context": args.context,
+                       "weights": "random (pair-shaped: bench_draft_loop.configs)"},
+              "models": {}}
+    with torch.inference_mode():
+        for name, model in (("target", target), ("draft", draft)):
+            result["models"][name] = profile_model(name, model, args.context, args.reps)
+    overhead = step_overhead_ms(target, draft)
+    result["step_overhead_ms_by_run"] = overhead
+    result["step_overhead_ms"] = round(statistics.median(overhead.values()), 3)
+    result["meta"]["seconds"] = round(time.perf_counter() - t0, 1)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_forward_profile.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"done in {result['meta']['seconds']} s; step overhead (median) {result['step_overhead_ms']} ms", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
