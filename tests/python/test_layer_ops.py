@@ -202,15 +202,29 @@ def test_engine_with_fused_layers_and_graph_runners_equals_plain_fused_decoding(
 
 
 def test_gpu_bf16_fused_forward_is_close_to_the_torch_layers(tmp_path, tiny_tokenizer_dir):
+    """On CUDA in bf16, the fused forward (with KernelAttention: the fused RoPE + KV write) gives
+    the torch layers' logits up to bf16 rounding; the prefill's KV rows agree likewise."""
     if "cuda" not in DEVICES:
         pytest.skip("no CUDA device (or specd built without CUDA kernels)")
+    from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+
     make_tiny_model(tmp_path, "qwen2", tokenizer_dir=tiny_tokenizer_dir, lm_head_scale=1.0, seed=7)
     model = LlamaModel.from_loaded(load_model(tmp_path, torch.bfloat16, tokenizer=False), "cuda")
-    ids = [int(t) for t in np.random.default_rng(9).integers(0, model.config.vocab_size, 25)]
-    logits = {}
+    c, dev, n = model.config, torch.device("cuda"), 25
+    ids = torch.from_numpy(np.random.default_rng(9).integers(0, c.vocab_size, n)).to(dev)
+    table = torch.arange(2, device=dev, dtype=torch.int32).view(1, 2)  # 2 pages of 16 slots
+    meta = DeviceAttentionMetadata(torch.arange(n, device=dev), torch.arange(n, device=dev), table,
+                                   torch.tensor([0, n], device=dev, dtype=torch.int32),
+                                   torch.tensor([n], device=dev, dtype=torch.int32))
+    logits, caches = {}, {}
     for fused in (False, True):
         model.fused = fused
-        logits[fused] = run(model, new_pool(model), ids, list(range(len(ids))))
+        kv = [LayerKV(k=torch.zeros(2, 16, c.num_key_value_heads, c.head_dim, device=dev, dtype=torch.bfloat16),
+                      v=torch.zeros(2, 16, c.num_key_value_heads, c.head_dim, device=dev, dtype=torch.bfloat16))
+              for _ in range(c.num_hidden_layers)]
+        logits[fused] = model(ids, meta, kv, None, backend=KernelAttention())
+        caches[fused] = torch.stack([layer.k for layer in kv]).float()
     assert model.uses_fused()
     scale = logits[False].abs().max()
     assert (logits[True] - logits[False]).abs().max() <= 0.05 * scale
+    assert (caches[True] - caches[False]).abs().max() <= 0.05 * caches[False].abs().max()
