@@ -41,8 +41,10 @@ QUERIES = {"target": (1, 2, 3, 5, 9), "draft": (1, 2, 3, 5)}
 PREFILL = (128, 256, 512, 1024, 2048)
 
 
-def forward_ms(model, batch: int, query: int, context: int, logits_rows: str, reps: int) -> float:
-    """Median ms of a captured forward of batch x query new tokens over `context` cached ones."""
+def captured_forward(model, batch: int, query: int, context: int, logits_rows: str):
+    """A CUDA graph of one forward of batch x query new tokens over `context` cached ones per
+    sequence (random KV, causal), and what it must keep alive. logits_rows: "all" new rows, or
+    "last" (each sequence's last row)."""
     from specd.models.attention import LayerKV
     from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
 
@@ -73,6 +75,12 @@ def forward_ms(model, batch: int, query: int, context: int, logits_rows: str, re
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
+    return graph, (kv, meta, ids, rows)
+
+
+def forward_ms(model, batch: int, query: int, context: int, logits_rows: str, reps: int) -> float:
+    """Median ms of a captured forward (captured_forward) over `reps` replays."""
+    graph, keep = captured_forward(model, batch, query, context, logits_rows)
     for _ in range(3):
         graph.replay()
     times = []
@@ -83,7 +91,7 @@ def forward_ms(model, batch: int, query: int, context: int, logits_rows: str, re
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    del graph, kv
+    del graph, keep
     torch.cuda.empty_cache()
     return statistics.median(times)
 
