@@ -8,8 +8,6 @@
 namespace specd::cuda {
 namespace {
 
-constexpr int kWarps = kTreeAttentionWarps;
-constexpr int kThreads = kWarps * 32;
 constexpr int kDimsPerLane = kTreeAttentionMaxHeadDim / 32;  // lane holds dims lane + 32 * i
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -17,9 +15,11 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;  // every lane holds the total
 }
 
-// Block (t, h): query token t, query head h. params by value: its pointers are device pointers.
-template <class T>
-__global__ void __launch_bounds__(kThreads) tree_attention_kernel(TreeAttentionParams p) {
+// Block (t, h): query token t, query head h, kWarps warps. params by value: its pointers are
+// device pointers.
+template <class T, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttentionParams p) {
+  constexpr int kThreads = kWarps * 32;
   __shared__ float s_max[kWarps];
   __shared__ float s_sum[kWarps];
   __shared__ float s_out[kWarps][kTreeAttentionMaxHeadDim];
@@ -110,6 +110,11 @@ __global__ void __launch_bounds__(kThreads) tree_attention_kernel(TreeAttentionP
 
 }  // namespace
 
+int tree_attention_warps(int64_t blocks, int sm_count) {
+  return blocks <= int64_t{kTreeAttentionBlocksPerSmForManyWarps} * sm_count ? kTreeAttentionWarpsMany
+                                                                           : kTreeAttentionWarpsFew;
+}
+
 Status validate_tree_attention_launch(const TreeAttentionParams& p) {
   SPECD_RETURN_IF_ERROR(validate_tree_attention(p));
   if (p.layout.head_dim > kTreeAttentionMaxHeadDim)
@@ -125,9 +130,18 @@ cudaError_t tree_attention(const TreeAttentionParams& p, cudaStream_t stream) {
   if (!validate_tree_attention_launch(p).ok()) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(p.q_heads));
+  int device = 0, sm_count = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const bool many = tree_attention_warps(int64_t{p.num_tokens} * p.q_heads, sm_count) == kTreeAttentionWarpsMany;
   return detail::dispatch_kv_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    tree_attention_kernel<T><<<grid, kThreads, 0, stream>>>(p);
+    if (many) {
+      tree_attention_kernel<T, kTreeAttentionWarpsMany><<<grid, kTreeAttentionWarpsMany * 32, 0, stream>>>(p);
+    } else {
+      tree_attention_kernel<T, kTreeAttentionWarpsFew><<<grid, kTreeAttentionWarpsFew * 32, 0, stream>>>(p);
+    }
     return cudaGetLastError();
   });
 }

@@ -103,6 +103,35 @@ TEST(TreeAttentionCuda, SkipsKeysPastTheBlockTableLikeTheReference) {
   check_batch(b, KvDtype::kFloat32, true, 0, "uncovered keys");
 }
 
+TEST(TreeAttentionCuda, WarpCountFollowsTheGridSize) {
+  EXPECT_EQ(cuda::tree_attention_warps(1, 132), cuda::kTreeAttentionWarpsMany);
+  EXPECT_EQ(cuda::tree_attention_warps(4 * 132, 132), cuda::kTreeAttentionWarpsMany);
+  EXPECT_EQ(cuda::tree_attention_warps(4 * 132 + 1, 132), cuda::kTreeAttentionWarpsFew);
+  EXPECT_EQ(cuda::tree_attention_warps(1, 0), cuda::kTreeAttentionWarpsFew);  // no device: the safe choice
+}
+
+// Grids on both sides of the rule's threshold on this GPU: both kernel widths match the CPU.
+TEST(TreeAttentionCuda, BothWarpCountsMatchCpuReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  SPECD_CUDA_OK(cudaGetDevice(&device));
+  SPECD_CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  std::mt19937 rng(67);
+  bool saw[2] = {false, false};
+  for (int trial = 0; trial < 40 && !(saw[0] && saw[1]); ++trial) {
+    const bool large = trial % 2 == 1;
+    AttnBatch b = random_attn_batch(rng, large ? 24 : 1, large ? 80 : 8, large ? 8 : 2, 64, 300);
+    const int64_t grid = int64_t{b.query_start.back()} * b.q_heads;
+    const bool many = cuda::tree_attention_warps(grid, sms) == cuda::kTreeAttentionWarpsMany;
+    saw[many ? 1 : 0] = true;
+    for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kBFloat16}) {
+      check_batch(b, dtype, /*with_mask=*/true, 0, many ? "16 warps" : "4 warps");
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+  EXPECT_TRUE(saw[0] && saw[1]) << "the trials did not cover both warp counts";
+}
+
 TEST(TreeAttentionCuda, RejectsUnsupportedShapesWithoutLaunching) {
   std::mt19937 rng(61);
   const AttnBatch b = random_attn_batch(rng, 1, 2, 1, 8, 4);
