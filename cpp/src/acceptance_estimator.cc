@@ -11,6 +11,8 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
   const auto d = static_cast<std::size_t>(config_.max_depth);
   global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
   tree_classes_.assign(static_cast<std::size_t>(num_proposers_), {});
+  explored_.assign(static_cast<std::size_t>(num_proposers_), config_.exploration_trials <= 0.0);
+  depth1_trials_.assign(static_cast<std::size_t>(num_proposers_), 0);
 }
 
 Status AcceptanceEstimator::check(int32_t proposer) const {
@@ -38,7 +40,11 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
     return error_status(StatusCode::kInvalidArgument, "observe: need 0 <= accepted <= depth, got accepted ", accepted,
                         " of depth ", depth);
   if (depth == 0) return Status::Ok();
-  add(&global_[static_cast<std::size_t>(proposer)], depth, accepted, config_.global_decay);
+  Counts& g = global_[static_cast<std::size_t>(proposer)];
+  add(&g, depth, accepted, config_.global_decay);
+  auto& tried = depth1_trials_[static_cast<std::size_t>(proposer)];
+  tried += 1;  // every observation with depth >= 1 tests depth 1
+  if (tried >= config_.exploration_trials) explored_[static_cast<std::size_t>(proposer)] = true;
   add(&request_counts(id)[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
   return Status::Ok();
 }
@@ -115,8 +121,13 @@ double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth) const 
   if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
   const Counts& g = global_[static_cast<std::size_t>(proposer)];
   const auto d = static_cast<std::size_t>(std::clamp(depth, 1, config_.max_depth) - 1);
+  if (d == 0 && !explored_[static_cast<std::size_t>(proposer)]) return 1.0;
   const double m = config_.prior_strength;
   return (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
+}
+
+bool AcceptanceEstimator::explored(int32_t proposer) const {
+  return proposer >= 0 && proposer < num_proposers_ && explored_[static_cast<std::size_t>(proposer)];
 }
 
 Status AcceptanceEstimator::alphas(RequestId id, int32_t proposer, Span<double> out) const {

@@ -36,6 +36,15 @@ CostModel flat_target() {
   return c;
 }
 
+// The controller without depth-1 exploration (AcceptanceEstimatorConfig::exploration_trials
+// = 0): its decisions start from the prior, for the tests of rules that exploration would
+// blur in their first steps (the prior's price of time, catch-ups, tree sizes).
+GoodputControllerConfig unexplored_config(std::vector<bool> uses_draft, int32_t k_max) {
+  GoodputControllerConfig config{std::move(uses_draft), k_max, 0.9, {}};
+  config.acceptance.exploration_trials = 0.0;
+  return config;
+}
+
 std::vector<ControllerRequest> decode_batch(int n, int32_t k_max, int32_t catch_up = 1, RequestId first = 0) {
   std::vector<ControllerRequest> b;
   for (int i = 0; i < n; ++i) b.push_back(ControllerRequest{first + i, 1, k_max, catch_up, 200});
@@ -147,7 +156,7 @@ TEST(GoodputController, CatchUpIsRefusedUnderAForecastSaturation) {
   // pays; with a queue beyond the batch the forecast is the batch limit (64), where drafting
   // no longer pays, so it does not catch up, while the request in sync still drafts.
   for (const bool queued : {false, true}) {
-    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    GoodputController c(unexplored_config({true}, 8));
     teach(&c, 0.020, 0.00025, 0.004);
     std::vector<int32_t> warm;
     run_steps(&c, decode_batch(1, 8, 1, 100), 0.8, 10, &warm);  // learn the proposer's acceptance
@@ -168,7 +177,7 @@ TEST(GoodputController, CatchUpIsPricedByTheDraftsOwnCurveWhereTimed) {
   // timed at, which does not. So it catches up where the draft was timed at 1,024 tokens
   // (2,000 is within twice that) and not where it was timed up to 64 only.
   for (const int64_t timed_up_to : {1024, 64}) {
-    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    GoodputController c(unexplored_config({true}, 8));
     for (int rep = 0; rep < 3; ++rep)
       for (int64_t n : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024}) {
         SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)));
@@ -239,7 +248,7 @@ TEST(GoodputController, ASwitchedOffRequestIsRetriedLater) {
 // its own candidate tree, and its calibration (realised / predicted accepted drafts, its own
 // shrunk towards the proposer's) scales them.
 TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
-  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  GoodputController c(unexplored_config({false}, 8));
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.012 * n));
   // Plain decoding of 3 requests: 54 tokens/s, so a verified token (12 ms) must be accepted
@@ -377,7 +386,7 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
 // at the step's price are verified, parents first; an over-confident draft's trees shrink
 // as their calibration is learned.
 TEST(GoodputController, SizesDraftTreesFromPerDepthAcceptance) {
-  GoodputControllerConfig config{{true}, 8, 0.9, {}};
+  GoodputControllerConfig config = unexplored_config({true}, 8);
   config.draft_tree_width = 2;
   GoodputController c(config);
   for (int rep = 0; rep < 3; ++rep)
@@ -458,6 +467,45 @@ TEST(GoodputController, SizesDraftTreesFromPerDepthAcceptance) {
   SPECD_EXPECT_CODE(c.size_trees({}, -1, &sized), kInvalidArgument);
   GoodputController model_free(GoodputControllerConfig{{false}, 8, 0.9, {}});
   SPECD_EXPECT_CODE(model_free.size_trees({}, 0, &sized), kInvalidArgument);
+}
+
+// A draft forward costing 0.7 of a target step (the ratio measured on an H100 for the real
+// pair's shapes): at the prior 0.6, k = 1 looks like a loss ((1 + 0.6) / 1.7 < 1), so without
+// exploration the draft is never tried. With it, drafting is tried first and then kept where
+// its measured acceptance (0.9) pays, or dropped where it does not (0.1): a request whose own
+// drafts fail stops at once, drifts back to the still-optimistic global estimate while idle
+// and tries again, until the proposer's ten depth-1 trials let the data decide for good.
+TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
+  auto teach_ratio = [](GoodputController* c) {
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+        SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kTarget, n, 0.010));
+        SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, 0.007));
+      }
+    c->observe_overhead(0.0002);
+  };
+  std::vector<ControllerDecision> d;
+  GoodputController prior_only(unexplored_config({true}, 8));
+  teach_ratio(&prior_only);
+  SPECD_ASSERT_OK(prior_only.decide(decode_batch(1, 8), &d));
+  EXPECT_EQ(d[0].k, 0);  // judged by the prior alone: never tried
+
+  for (const double alpha : {0.9, 0.1}) {
+    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    teach_ratio(&c);
+    std::vector<int32_t> ks;
+    run_steps(&c, decode_batch(2, 8, 1, 0), alpha, 40, &ks);
+    std::string seen;
+    for (int32_t k : ks) seen += std::to_string(k) + " ";
+    EXPECT_GE(ks[0], 1) << alpha << ": " << seen;  // tried at once
+    EXPECT_TRUE(c.estimator().explored(0)) << alpha << ": " << seen << " alpha1 " << c.estimator().global_alpha(0, 1);
+    if (alpha > 0.5) {
+      EXPECT_GE(ks.back(), 1) << "a good expensive draft is kept";
+    } else {
+      EXPECT_EQ(std::vector<int32_t>(ks.end() - 10, ks.end()), std::vector<int32_t>(10, 0))
+          << "a bad one is dropped once measured";
+    }
+  }
 }
 
 TEST(GoodputController, ColdStartAndBadInput) {

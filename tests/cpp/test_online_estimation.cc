@@ -140,7 +140,8 @@ TEST(AcceptanceEstimator, ConvergesPerRequestAndSharesAPrior) {
   AcceptanceEstimator est(AcceptanceEstimatorConfig{}, 2);
   std::vector<double> a(4);
   SPECD_ASSERT_OK(est.alphas(1, 0, a));
-  EXPECT_NEAR(a[0], 0.6, 1e-12);  // the optimistic initial prior
+  EXPECT_EQ(a[0], 1.0);           // depth 1 is explored before the data decide
+  EXPECT_NEAR(a[1], 0.6, 1e-12);  // deeper depths start at the prior
   for (int step = 0; step < 400; ++step) {
     SPECD_ASSERT_OK(est.observe(1, 0, 4, accepted_of(rng, 0.9, 4)));  // a repetitive request
     SPECD_ASSERT_OK(est.observe(2, 0, 4, accepted_of(rng, 0.2, 4)));  // a novel one
@@ -200,15 +201,39 @@ TEST(AcceptanceEstimator, IdleStepsFadeARequestTowardsTheGlobalRate) {
   EXPECT_TRUE(e.idle(99, 0).ok());  // unknown request: nothing to fade
 }
 
+TEST(AcceptanceEstimator, ExploresDepthOneUntilItHasTenTrials) {
+  AcceptanceEstimatorConfig config;
+  AcceptanceEstimator e(config, 2);
+  std::vector<double> a(2);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(e.global_alpha(0, 1), 1.0) << i;  // still exploring: failures do not stop it
+    EXPECT_FALSE(e.explored(0));
+    ASSERT_TRUE(e.observe(i, 0, 2, 0).ok());
+    ASSERT_TRUE(e.idle_global(0).ok());  // fading does not undo the count
+  }
+  EXPECT_TRUE(e.explored(0));  // ten verifications
+  EXPECT_LT(e.global_alpha(0, 1), 0.2);  // the data decide
+  ASSERT_TRUE(e.alphas(99, 0, a).ok());
+  EXPECT_LT(a[0], 0.2);                   // for new requests too
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE(e.idle_global(0).ok());
+  EXPECT_TRUE(e.explored(0));             // for good: fading goes back to the prior, not to 1
+  EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
+  EXPECT_EQ(e.global_alpha(1, 1), 1.0);   // another proposer explores on its own
+  EXPECT_FALSE(e.explored(1));
+  config.exploration_trials = 0.0;
+  EXPECT_TRUE(AcceptanceEstimator(config, 1).explored(0));  // exploration off
+}
+
 TEST(AcceptanceEstimator, AProposerNobodyUsesFadesBackToThePrior) {
   // Early failures pull the global estimate (which new requests start from) down; when no
   // request uses the proposer any more, idle steps bring it back towards initial_alpha.
   AcceptanceEstimatorConfig config;
   AcceptanceEstimator e(config, 1);
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(e.observe(i, 0, 3, 0).ok());
+  for (int i = 0; i < 12; ++i) ASSERT_TRUE(e.observe(i, 0, 3, 0).ok());  // past exploration
+  ASSERT_TRUE(e.explored(0));
   const double low = e.global_alpha(0, 1);
   EXPECT_LT(low, 0.5 * config.initial_alpha);
-  for (int i = 0; i < 60; ++i) ASSERT_TRUE(e.idle_global(0).ok());
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(e.idle_global(0).ok());
   EXPECT_GT(e.global_alpha(0, 1), 0.9 * config.initial_alpha);
   EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
   EXPECT_EQ(e.idle_global(4).code(), StatusCode::kInvalidArgument);
