@@ -117,11 +117,11 @@ Status AcceptanceEstimator::idle_global(int32_t proposer) {
   return Status::Ok();
 }
 
-double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth) const {
+double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth, bool explore) const {
   if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
   const Counts& g = global_[static_cast<std::size_t>(proposer)];
   const auto d = static_cast<std::size_t>(std::clamp(depth, 1, config_.max_depth) - 1);
-  if (d == 0 && !explored_[static_cast<std::size_t>(proposer)]) return 1.0;
+  if (explore && d == 0 && !explored_[static_cast<std::size_t>(proposer)]) return 1.0;
   const double m = config_.prior_strength;
   return (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
 }
@@ -130,13 +130,13 @@ bool AcceptanceEstimator::explored(int32_t proposer) const {
   return proposer >= 0 && proposer < num_proposers_ && explored_[static_cast<std::size_t>(proposer)];
 }
 
-Status AcceptanceEstimator::alphas(RequestId id, int32_t proposer, Span<double> out) const {
+Status AcceptanceEstimator::alphas(RequestId id, int32_t proposer, Span<double> out, bool explore) const {
   SPECD_RETURN_IF_ERROR(check(proposer));
   const auto it = requests_.find(id);
   const double m = config_.prior_strength;
   for (std::size_t j = 0; j < out.size(); ++j) {
     const int32_t depth = static_cast<int32_t>(j) + 1;
-    const double g = global_alpha(proposer, depth);
+    const double g = global_alpha(proposer, depth, explore);
     if (it == requests_.end()) {
       out[j] = g;
       continue;

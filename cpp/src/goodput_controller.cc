@@ -92,7 +92,7 @@ std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t 
       for (double& x : g) x = std::clamp(c * x, 0.0, 1.0);
       continue;
     }
-    if (!estimator_.alphas(id, p, Span<double>(alphas)).ok()) continue;
+    if (!estimator_.alphas(id, p, Span<double>(alphas), /*explore=*/waiting_ == 0).ok()) continue;
     double prod = 1.0;
     for (double a : alphas) out[static_cast<std::size_t>(p)].push_back(prod *= a);
   }
@@ -300,7 +300,8 @@ Status GoodputController::size_trees(Span<const TreeSizingRequest> trees, int64_
     }
     const int32_t deepest = size ? *std::max_element(depth.begin(), depth.end()) : 0;
     std::vector<double> alphas(static_cast<std::size_t>(std::min(deepest, estimator_.max_depth())), 0.0);
-    if (!alphas.empty()) SPECD_RETURN_IF_ERROR(estimator_.alphas(t.id, draft_proposer_, Span<double>(alphas)));
+    if (!alphas.empty())
+      SPECD_RETURN_IF_ERROR(estimator_.alphas(t.id, draft_proposer_, Span<double>(alphas), /*explore=*/waiting_ == 0));
     std::vector<double>& g = raw[i];
     g.assign(size, 0.0);
     for (std::size_t v = 0; v < size; ++v) {

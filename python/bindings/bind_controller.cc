@@ -87,12 +87,16 @@ void bind_controller(py::module_& m) {
       .def("observe", [](AcceptanceEstimator& e, int64_t request, int32_t proposer, int32_t depth, int32_t accepted) {
         check(e.observe(request, proposer, depth, accepted));
       }, py::arg("request"), py::arg("proposer"), py::arg("depth"), py::arg("accepted"))
-      .def("alphas", [](const AcceptanceEstimator& e, int64_t request, int32_t proposer, int32_t n) {
+      .def("alphas", [](const AcceptanceEstimator& e, int64_t request, int32_t proposer, int32_t n, bool explore) {
         std::vector<double> out(static_cast<std::size_t>(std::max(0, n)));
-        check(e.alphas(request, proposer, Span<double>(out)));
+        check(e.alphas(request, proposer, Span<double>(out), explore));
         return out;
-      }, py::arg("request"), py::arg("proposer"), py::arg("n"))
-      .def("global_alpha", &AcceptanceEstimator::global_alpha, py::arg("proposer"), py::arg("depth"))
+      }, py::arg("request"), py::arg("proposer"), py::arg("n"), py::arg("explore") = true,
+         "explore=False: the data's depth-1 estimate even while the proposer is explored")
+      .def("global_alpha", &AcceptanceEstimator::global_alpha, py::arg("proposer"), py::arg("depth"),
+           py::arg("explore") = true)
+      .def("explored", &AcceptanceEstimator::explored, py::arg("proposer"),
+           "whether the proposer's depth 1 has had its exploration trials (acceptance_estimator.h)")
       .def("observe_tree", [](AcceptanceEstimator& e, int64_t request, int32_t proposer, double predicted,
                               int32_t accepted, std::optional<double> strength) {
         check(e.observe_tree(request, proposer, predicted, accepted, strength.value_or(predicted)));

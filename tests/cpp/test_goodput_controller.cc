@@ -474,7 +474,8 @@ TEST(GoodputController, SizesDraftTreesFromPerDepthAcceptance) {
 // exploration the draft is never tried. With it, drafting is tried first and then kept where
 // its measured acceptance (0.9) pays, or dropped where it does not (0.1): a request whose own
 // drafts fail stops at once, drifts back to the still-optimistic global estimate while idle
-// and tries again, until the proposer's ten depth-1 trials let the data decide for good.
+// and tries again, until the proposer's ten depth-1 trials let the data decide for good. No
+// exploration while requests wait for admission.
 TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   auto teach_ratio = [](GoodputController* c) {
     for (int rep = 0; rep < 3; ++rep)
@@ -489,6 +490,15 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   teach_ratio(&prior_only);
   SPECD_ASSERT_OK(prior_only.decide(decode_batch(1, 8), &d));
   EXPECT_EQ(d[0].k, 0);  // judged by the prior alone: never tried
+
+  GoodputController backlogged(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  teach_ratio(&backlogged);
+  backlogged.observe_load(5, 64);  // requests wait for admission: no exploration in this step
+  SPECD_ASSERT_OK(backlogged.decide(decode_batch(1, 8), &d));
+  EXPECT_EQ(d[0].k, 0);
+  backlogged.observe_load(0, 64);
+  SPECD_ASSERT_OK(backlogged.decide(decode_batch(1, 8), &d));
+  EXPECT_GE(d[0].k, 1);
 
   for (const double alpha : {0.9, 0.1}) {
     GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});

@@ -93,9 +93,12 @@ class AcceptanceEstimator {
   // `accepted` drafts accepted (0 <= accepted <= depth). depth == 0 records nothing.
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
   // alpha_1..alpha_n of the request (the proposer's global estimate when it has no data).
-  Status alphas(RequestId id, int32_t proposer, Span<double> out) const;
-  // The proposer's global estimate at depth d (1-based); 1 at depth 1 while it is explored.
-  double global_alpha(int32_t proposer, int32_t depth) const;
+  // explore = false: the data's estimate at depth 1 even while the proposer is explored (for
+  // steps that must not explore; rules above).
+  Status alphas(RequestId id, int32_t proposer, Span<double> out, bool explore = true) const;
+  // The proposer's global estimate at depth d (1-based); 1 at depth 1 while it is explored
+  // (unless explore = false).
+  double global_alpha(int32_t proposer, int32_t depth, bool explore = true) const;
   // Whether the proposer's depth 1 has had its exploration_trials (rules above).
   bool explored(int32_t proposer) const;
   // One verify step of request `id`'s tree whose drafts' node probabilities summed to

@@ -9,6 +9,9 @@
 // 1. Every request of the batch is an arrival for the LoadForecast the first time it is seen.
 // 2. Gains: for request i and proposer p, g_j = prod_{m<=j} alpha_m (the estimator's
 //    per-request, per-depth acceptance), for j up to min(config k_max, request k_max).
+//    The estimator's depth-1 exploration (acceptance_estimator.h) applies only in steps
+//    with no request waiting for admission: under a backlog every step's time is also the
+//    queue's, so drafts are bought on the data alone there.
 //    Where the request brings node probabilities (the model-free proposers' candidate
 //    trees for this step, ControllerRequest::node_probs), a model-free p's gains are those
 //    probabilities, sorted in decreasing order and times the request's tree calibration
@@ -152,7 +155,10 @@ class GoodputController {
   // tokens; 0 for a prefill-only step), its time (forwards and overhead together) and the
   // requests left waiting for admission after it.
   Status observe_step(int64_t emitted_tokens, double seconds, int64_t waiting);
-  void observe_load(int64_t waiting, int32_t max_batch) { load_.queue(waiting, max_batch); }
+  void observe_load(int64_t waiting, int32_t max_batch) {
+    load_.queue(waiting, max_batch);
+    waiting_ = waiting;
+  }
   void forget(RequestId id, int64_t generated_tokens);
 
   int32_t num_proposers() const { return static_cast<int32_t>(config_.proposer_uses_draft.size()); }
@@ -190,6 +196,7 @@ class GoodputController {
   CostModel target_, draft_;
   CostModel draft_view_;  // what decide() plans with: draft_, or shaped like the target (cost_model.h)
   double overhead_ = 0.0;
+  int64_t waiting_ = 0;  // requests waiting for admission at the last observe_load
   int64_t steps_ = 0;
   // Decayed sums behind long_run_goodput() and backlog_share().
   double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
