@@ -22,8 +22,9 @@ mixed devices, wrong dtypes or shapes raise :class:`specd.errors.InvalidArgument
 | ``silu_mul(gate_up)`` | silu_mul.h | - |
 | ``rope_kv_write(qkv, cos, sin, k_cache, v_cache, slot_mapping, q_heads)`` | rope_kv_write.h | caches |
 
-Status: the CPU implementations are tested against the references; the CUDA ones are
-UNVALIDATED on a GPU so far (docs/cuda.md).
+Status: the CPU implementations are tested against the references; the CUDA ones against
+them on an H100 (docs/benchmarks.md; the layer ops and the attention-width rule in the
+second GPU session of 2026-11-22).
 """
 
 from specd.ops._checks import HAS_CUDA_KERNELS
