@@ -164,6 +164,10 @@ def test_fused_forward_refuses_capture_time_fusion_and_refuses_cpu_16_bit(tiny_l
     llm = specd.LLM(tiny_llama_dir, fused_layers=False)
     assert llm.target.fused is False and not llm.target.uses_fused()
     assert specd.LLM(tiny_llama_dir).target.uses_fused() is False  # default on CPU: the torch layers
+    model = LlamaModel.from_loaded(load_model(tiny_llama_dir, torch.float32, tokenizer=False))
+    model.fused = True
+    assert specd.LLM.from_models(model).target.fused is True  # fused_layers=None keeps the model's own
+    assert specd.LLM.from_models(model, fused_layers=False).target.fused is False
 
 
 def test_fused_weights_follow_replaced_parameters(parity_pair):

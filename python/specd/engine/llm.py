@@ -82,7 +82,8 @@ class LLM:
     fused_layers: run each decoder layer of both models as nine kernels (specd.ops layer ops
         around one matrix product for q/k/v and one for gate/up; models/llama.py) instead of
         about forty torch kernels. None (default): on for models on a CUDA device when specd has
-        its CUDA kernels. True on CPU runs the float32 references (float32 models only; for
+        its CUDA kernels (for models built by the caller, ``LLM.from_models``: their own
+        ``fused`` setting). True on CPU runs the float32 references (float32 models only; for
         testing). Outputs agree with the torch layers to rounding, not to the bit.
     """
 
@@ -300,7 +301,8 @@ class LLM:
 
 
 def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:
-    """LLM's ``fused_layers`` on every LlamaModel given (other model objects have no layers)."""
+    """LLM's ``fused_layers`` on every LlamaModel given (other model objects have no layers);
+    None leaves each model's ``fused`` as it is (by default None: fused on CUDA)."""
     if fused_layers not in (None, True, False):
         raise InvalidArgumentError(f"fused_layers must be None, True or False, got {fused_layers!r}")
     for model in models:
@@ -311,7 +313,8 @@ def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:
                                        f"{model.dtype} (use dtype='float32', or leave fused_layers unset)")
         if fused_layers and model.device.type == "cuda" and not _ops_have_cuda():
             raise InvalidArgumentError("fused_layers=True on CUDA needs a specd build with CUDA kernels")
-        model.fused = fused_layers
+        if fused_layers is not None:  # None keeps the model's own setting (LlamaModel.fused)
+            model.fused = fused_layers
 
 
 def _ops_have_cuda() -> bool:
