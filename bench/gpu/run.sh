@@ -20,7 +20,8 @@
 # bench_kernels.json, bench_draft_loop.json, summary.txt; a short table is printed last.
 #
 # Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench"]
-#   --dry-run  print the plan and check the Python side imports (works without a GPU)
+#   --dry-run  print the plan and check the Python side imports (works without a GPU; the
+#              package from $PYTHONPATH when set, else python/ with an in-tree _core)
 #   --quick    fewer sizes / repetitions in the benchmarks
 # Without a GPU, the benchmark scripts' logic can be checked with their --smoke-cpu option (tiny
 # float32 cases on the CPU references; times nothing).
@@ -64,8 +65,8 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops}.py -k 'gpu or cuda'"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
-  PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
-  PYTHONPATH="$ROOT/python" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  PYTHONPATH="${PYTHONPATH:-$ROOT/python}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  PYTHONPATH="${PYTHONPATH:-$ROOT/python}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   exit 0
 fi
 
