@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK="--quick" ;;
     --skip-build) STAGES="${STAGES/build/}" ;;
     --stages) shift; STAGES="$1" ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
