@@ -31,6 +31,12 @@ Status validate_kv_dtype(KvDtype dtype, const char* what) {
                       static_cast<int32_t>(dtype));
 }
 
+Status require_cpu_float32(KvDtype dtype, const char* what) {
+  if (dtype == KvDtype::kFloat32) return Status::Ok();
+  return error_status(StatusCode::kInvalidArgument, what, ": the CPU reference is float32 only, got ",
+                      kv_dtype_name(dtype));
+}
+
 Status validate_paged_kv_layout(const PagedKvLayout& l, const char* what) {
   if (l.block_size <= 0 || l.kv_heads <= 0 || l.head_dim <= 0)
     return error_status(StatusCode::kInvalidArgument, what,

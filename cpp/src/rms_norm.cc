@@ -21,9 +21,7 @@ Status validate_rms_norm(const RmsNormParams& p) {
 
 Status rms_norm_cpu(const RmsNormParams& p) {
   SPECD_RETURN_IF_ERROR(validate_rms_norm(p));
-  if (p.dtype != KvDtype::kFloat32)
-    return error_status(StatusCode::kInvalidArgument, "rms_norm: the CPU reference is float32 only, got ",
-                        kv_dtype_name(p.dtype));
+  SPECD_RETURN_IF_ERROR(require_cpu_float32(p.dtype, "rms_norm"));
   const auto* x = static_cast<const float*>(p.x);
   auto* residual = static_cast<float*>(p.residual);
   const auto* w = static_cast<const float*>(p.weight);

@@ -46,9 +46,7 @@ void rope_row(const float* x, const float* c, const float* s, int32_t d, float* 
 
 Status rope_kv_write_cpu(const RopeKvWriteParams& p, bool strict) {
   SPECD_RETURN_IF_ERROR(validate_rope_kv_write(p));
-  if (p.dtype != KvDtype::kFloat32)
-    return error_status(StatusCode::kInvalidArgument, "rope_kv_write: the CPU reference is float32 only, got ",
-                        kv_dtype_name(p.dtype));
+  SPECD_RETURN_IF_ERROR(require_cpu_float32(p.dtype, "rope_kv_write"));
   if (strict) SPECD_RETURN_IF_ERROR(check_kv_write_slots("rope_kv_write", p.slot_mapping, p.num_tokens, p.layout));
   const int32_t d = p.layout.head_dim, kv_heads = p.layout.kv_heads;
   const auto* qkv = static_cast<const float*>(p.qkv);

@@ -19,9 +19,7 @@ Status validate_silu_mul(const SiluMulParams& p) {
 
 Status silu_mul_cpu(const SiluMulParams& p) {
   SPECD_RETURN_IF_ERROR(validate_silu_mul(p));
-  if (p.dtype != KvDtype::kFloat32)
-    return error_status(StatusCode::kInvalidArgument, "silu_mul: the CPU reference is float32 only, got ",
-                        kv_dtype_name(p.dtype));
+  SPECD_RETURN_IF_ERROR(require_cpu_float32(p.dtype, "silu_mul"));
   const auto* in = static_cast<const float*>(p.gate_up);
   auto* out = static_cast<float*>(p.out);
   for (int32_t t = 0; t < p.num_tokens; ++t) {

@@ -68,10 +68,7 @@ Status check_contents(const TreeAttentionParams& p) {
 
 Status tree_attention_cpu(const TreeAttentionParams& p, bool strict) {
   SPECD_RETURN_IF_ERROR(validate_tree_attention(p));
-  if (p.dtype != KvDtype::kFloat32)
-    return error_status(StatusCode::kInvalidArgument,
-                        "tree_attention_cpu: the CPU reference reads float32 only, got ",
-                        kv_dtype_name(p.dtype));
+  SPECD_RETURN_IF_ERROR(require_cpu_float32(p.dtype, "tree_attention_cpu"));
   if (strict) SPECD_RETURN_IF_ERROR(check_contents(p));
   const int32_t dim = p.layout.head_dim;
   const auto* q = static_cast<const float*>(p.q);

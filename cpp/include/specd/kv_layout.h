@@ -41,6 +41,9 @@ const char* kv_dtype_name(KvDtype dtype);
 Status parse_kv_dtype(const char* name, KvDtype* out);
 // kInvalidArgument (naming `what`) unless dtype is one of the enumerators.
 Status validate_kv_dtype(KvDtype dtype, const char* what);
+// kInvalidArgument (naming `what`) unless dtype is float32: the CPU references of the attention
+// and decoder-layer kernels compute in float32 only (their CUDA kernels take 16-bit types too).
+Status require_cpu_float32(KvDtype dtype, const char* what);
 
 struct PagedKvLayout {
   int32_t num_pages = 0;
