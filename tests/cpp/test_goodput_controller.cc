@@ -518,6 +518,27 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   }
 }
 
+TEST(GoodputController, AnUntimedDraftIsPricedLikeTheTarget) {
+  // A flat (memory-bound) target is measured; the draft never ran. Priced at nothing it would
+  // buy the deepest chain on a guess (k = 8 for the first requests of a load sweep on H100
+  // costs, with their catch-ups: 28 ms of draft time before anything was known); priced like
+  // the target, exploration tries one draft, and the measured draft then sets k.
+  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128})
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)));
+  c.observe_overhead(0.0005);
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(decode_batch(1, 8), &d));
+  EXPECT_EQ(d[0].k, 1);
+  EXPECT_EQ(c.draft_costs().has_data(), false);
+  for (int64_t n : {1, 2, 4})
+    SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.002));  // a cheap draft, measured
+  SPECD_ASSERT_OK(c.observe(0, 0, 1, 1));
+  SPECD_ASSERT_OK(c.decide(decode_batch(1, 8), &d));
+  EXPECT_GT(d[0].k, 1);
+}
+
 TEST(GoodputController, ColdStartAndBadInput) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   std::vector<ControllerDecision> d;

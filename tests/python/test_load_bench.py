@@ -297,6 +297,66 @@ def test_measured_profile_interpolates_the_measured_times(tmp_path):
         MeasuredProfile.load(tmp_path / "missing.json")
 
 
+def test_measured_profile_prices_attention_per_sequence(tmp_path):
+    """A profile with single-sequence prefills separates a per-token base from the attention's
+    time per attended key, so a forward of several prompts costs what they attend, not what
+    one prompt of as many tokens would."""
+    from specd.engine.timer import MeasuredProfile, causal_keys
+
+    per_key_ms = 1e-4
+    base_ms = lambda n: 3.0 + 0.01 * max(0, n - 64)  # noqa: E731  flat, then linear
+    point = lambda b, q, c: {"batch": b, "query": q, "context": c, "tokens": b * q,  # noqa: E731
+                             "ms": base_ms(b * q) + per_key_ms * b * causal_keys(c, q)}
+    points = [point(1, n, 0) for n in (128, 256, 512, 1024)] + [point(b, 1, 256) for b in (1, 8, 64)]
+    p = MeasuredProfile.from_points({"target": points, "draft": points[:2]}, 0.5)
+    assert p.per_key["target"] == pytest.approx(per_key_ms / 1e3)
+    assert p.per_key["draft"] == 0.0  # two prefill sizes cannot separate the terms
+    one_prompt = p.seconds("target", 1024, causal_keys(0, 1024))
+    assert one_prompt == pytest.approx(point(1, 1024, 0)["ms"] / 1e3)  # a measured shape: its time
+    four_prompts = p.seconds("target", 1024, 4 * causal_keys(0, 256))
+    assert four_prompts == pytest.approx((base_ms(1024) + per_key_ms * 4 * causal_keys(0, 256)) / 1e3)
+    assert four_prompts < 0.5 * one_prompt
+    assert p.seconds("target", 8, 8 * causal_keys(300, 1)) == pytest.approx((base_ms(8) + per_key_ms * 8 * 301) / 1e3)
+    assert p.seconds("target", 1024) == pytest.approx(one_prompt)  # no keys: the raw measured times
+    assert SyntheticTimer(p).forward("target", 1024, lambda: None, 4 * causal_keys(0, 256))[1] == four_prompts
+    with pytest.raises(specd.errors.InvalidArgumentError, match="batch x query = tokens"):
+        MeasuredProfile.from_points({"target": [dict(point(2, 4, 0), tokens=5)], "draft": points}, 0.5)
+
+
+def test_engine_times_forwards_by_the_keys_they_attend(world):
+    """The engine tells its timer every forward's attended keys (timer.causal_keys): a prefill
+    of several prompts is the sum of each prompt's causal triangle; a decode step, each
+    request's history plus its new tokens; draft forwards likewise."""
+    from specd.engine.timer import causal_keys
+
+    w, _ = world
+
+    class Recording(SyntheticTimer):
+        def __init__(self):
+            super().__init__(GPUProfile(step_overhead=0.0))
+            self.calls = []
+
+        def forward(self, model, tokens, fn, keys=None):
+            self.calls.append((model, tokens, keys))
+            return super().forward(model, tokens, fn, keys)
+
+    prompts = w.prompts[:2]
+    timer = Recording()
+    llm = specd.LLM.from_models(w.model("target"), w.model("draft"),
+                                specd.SpeculationConfig(method="draft", num_speculative_tokens=2),
+                                num_kv_pages=512, timer=timer)
+    llm.generate(prompts, greedy(max_tokens=4))
+    lengths = [len(p) for p in prompts]
+    # Step 1 (static k = 2): the draft catches up on each whole prompt, then feeds each request
+    # its first draft (position L: L + 1 keys); the target prefills each prompt but its last
+    # token (positions 0 .. L-2) and verifies the root and 2 drafts (positions L-1 .. L+1).
+    assert timer.calls[:3] == [("draft", sum(lengths), sum(causal_keys(0, n) for n in lengths)),
+                               ("draft", 2, sum(n + 1 for n in lengths)),
+                               ("target", sum(lengths) - 2 + 6,
+                                sum(causal_keys(0, n - 1) + causal_keys(n - 1, 3) for n in lengths))]
+    assert all(keys is not None and keys >= tokens for _, tokens, keys in timer.calls)
+
+
 def test_cli_simulated_with_a_measured_gpu_profile(tiny_llama_dir, tiny_llama_draft_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
     profile = _profile_json(tmp_path / "gpu.json", [(1, 8.0), (16, 8.5), (64, 12.0)], [(1, 2.0), (64, 3.0)])

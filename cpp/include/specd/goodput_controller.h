@@ -36,6 +36,14 @@
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G T at the price G of 3. A typical step (all base 1, all in sync) is
 //    the plan of 3 (at G* that is the step's own optimal E / T).
+// An untimed draft: before the draft model's first forward was timed, its cost is a guess.
+//    Priced at nothing (an empty cost model) it would buy the deepest chain for every request
+//    on that guess (k = 8 with 180-token catch-ups for the first requests of a load sweep on
+//    H100 costs: 28 ms of draft time before anything was known); priced like the target it
+//    ties with plain decoding and is never tried, so its cost is never learnt. So a request
+//    may draft at most one token with it until it has been timed: free while the estimator
+//    explores (no request waiting), at the target's cost under a backlog. Its catch-up is
+//    priced as rule 4 says.
 // The price under a backlog: when requests wait for admission, what delays them is the
 //    engine's throughput over the whole backlog, prefills included: sum(E) / sum(T) over all
 //    steps. By Dinkelbach's argument a change (dE, dT) to one step raises that ratio iff

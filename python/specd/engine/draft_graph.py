@@ -41,6 +41,7 @@ import torch
 from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_capture
 from specd.engine.row_sampling import RowParams, sample_rows
 from specd.engine.scheduler import DRAFT, WorkItem
+from specd.engine.timer import causal_keys
 from specd.engine.torch_sampling import DRAFT_STREAM
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
@@ -190,7 +191,7 @@ class DraftGraphRunner:
         return steps >= 2 or self.catch_up_width(items) is not None
 
     def run(self, items: Sequence[WorkItem], first_tokens: Optional[torch.Tensor] = None,
-            on_forward: Optional[Callable[[int, Callable[[], object]], object]] = None,
+            on_forward: Optional[Callable[[int, Callable[[], object], int], object]] = None,
             ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """The draft forwards of ``items`` (k = the largest item.k; ``accepts`` true).
 
@@ -202,7 +203,7 @@ class DraftGraphRunner:
         ``[f, n]`` for the f forwards run (row r: the samples of forward r, or r + 1 when
         ``first_tokens`` is given; item i's drafts are column i's first rows) and, when some
         item samples, their float32 distributions ``[f, n, vocab]`` (else None).
-        ``on_forward(tokens, run)`` is called once per forward as in run_draft; the first call
+        ``on_forward(tokens, run, keys)`` is called once per forward as in run_draft; the first call
         runs everything (a graph replay cannot be split), the others run nothing."""
         n, steps = len(items), max(it.k for it in items)
         sampling = any(not it.request.params.greedy for it in items)
@@ -227,15 +228,20 @@ class DraftGraphRunner:
                 self._body(buf, inp, steps, sampling)
 
         first = 0 if width else 1
-        active = [sum(1 for it in items if it.k > j) for j in range(first, steps)]
+        # Per forward: (tokens, keys attended; model_runner.segment_keys). Forward j >= 1 feeds
+        # each item still drafting one token at position L - 1 + j.
+        shapes = [(sum(1 for it in items if it.k > j), sum(it.request.length + j for it in items if it.k > j))
+                  for j in range(first, steps)]
         if width:
-            active[0] = sum(it.request.length - it.request.computed[DRAFT] for it in items)
+            shapes[0] = (sum(it.request.length - it.request.computed[DRAFT] for it in items),
+                         sum(causal_keys(it.request.computed[DRAFT], it.request.length - it.request.computed[DRAFT])
+                             for it in items))
         if on_forward is None:
             loop()
-        elif active:
-            on_forward(active[0], loop)
-            for tokens in active[1:]:
-                on_forward(tokens, lambda: None)
+        elif shapes:
+            on_forward(shapes[0][0], loop, shapes[0][1])
+            for tokens, keys in shapes[1:]:
+                on_forward(tokens, lambda: None, keys)
         else:
             loop()
         probs = buf.probs[first:steps, :n] if sampling else None

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from specd._core import DraftTreeBuilder
-from specd.engine.model_runner import Segment, catch_up_segment, forward
+from specd.engine.model_runner import Segment, catch_up_segment, forward, segment_keys
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.engine.torch_sampling import sampling_probs
 from specd.kv_cache import KVCachePool
@@ -131,7 +131,7 @@ class DraftTree:
 
 
 def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], width: int,
-                   on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
+                   on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
                    size: Optional[Callable[[list[WorkItem], list[np.ndarray], list[np.ndarray]],
                                            list[tuple[list[int], float]]]] = None,
                    ) -> list[DraftTree]:
@@ -139,14 +139,14 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
     ``size(items, path_probs, parents)``, when given (the policy's size_trees), gets every
     grown node's path probability and parent (-1: the root) and returns per tree the nodes
     to verify, parents first, and their predicted accepted drafts; otherwise the item.nodes
-    nodes of highest path probability are verified. ``on_forward(tokens, run)``, when
-    given, wraps each forward (the engine times them)."""
+    nodes of highest path probability are verified. ``on_forward(tokens, run, keys)``, when
+    given, wraps each forward (the engine times them; keys: model_runner.segment_keys)."""
     grow = [_Growth(it, width, model.window is not None) for it in items]
 
     def run(segments: list[Segment]) -> torch.Tensor:
         tokens = sum(len(seg.input_ids) for seg in segments)
         call = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
-        return on_forward(tokens, call) if on_forward is not None else call()
+        return on_forward(tokens, call, segment_keys(segments)) if on_forward is not None else call()
 
     logits = run([catch_up_segment(it) for it in items])  # [n, vocab]: each root's next token
     tokens, probs = _children(logits, items, width)

@@ -19,7 +19,7 @@ from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest
 from specd.engine.request import Request, Status
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
-from specd.engine.timer import WallTimer
+from specd.engine.timer import WallTimer, causal_keys
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
@@ -121,8 +121,9 @@ class Engine:
         trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))
         forward_s += draft_s
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
+        keys = sum(_target_keys(it, trees) for it in items)
         logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
-            self.target, self.pool, items, trees, graph=self.target_graph))
+            self.target, self.pool, items, trees, graph=self.target_graph), keys)
         self.policy.observe_forward("target", tokens, target_s)
         forward_s += target_s
         finished, row = [], 0
@@ -190,9 +191,9 @@ class Engine:
                 by_method.setdefault(it.method, []).append(it)
         for method, group in by_method.items():
             if method == "draft":
-                def on_forward(tokens: int, fn):
+                def on_forward(tokens: int, fn, keys: Optional[int] = None):
                     nonlocal draft_s
-                    result, seconds = self.timer.forward("draft", tokens, fn)
+                    result, seconds = self.timer.forward("draft", tokens, fn, keys)
                     self.policy.observe_forward("draft", tokens, seconds)
                     self.timings.draft_forwards += 1
                     draft_s += seconds
@@ -335,3 +336,14 @@ class Engine:
                 if info.committed != req.computed[model] or info.reserved != 0 or info.num_pages != need:
                     raise AssertionError(f"request {req.id} model {model}: {info} but computed "
                                          f"{req.computed[model]} needs {need} pages")
+
+
+def _target_keys(item: WorkItem, trees: dict[int, TokenTree]) -> int:
+    """Keys the target forward's new tokens of ``item`` attend (timer.causal_keys): its prefix
+    chunk from the committed length, then its tree from the last token's position."""
+    req = item.request
+    keys = causal_keys(req.computed[TARGET], item.num_prefix)
+    if item.decide:
+        keys += causal_keys(req.length - 1, len(trees[req.id]))
+    return keys
+

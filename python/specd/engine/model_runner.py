@@ -43,6 +43,12 @@ class Segment:
     logits_from: Optional[int] = None  # rows [logits_from, q) need logits; None: none
 
 
+def segment_keys(segments: list[Segment]) -> int:
+    """Keys the segments' new tokens attend, counted causally (a token at position p attends
+    p + 1; timer.causal_keys): the attention work a timer prices."""
+    return sum(int(s.positions.sum()) + len(s.positions) for s in segments)
+
+
 def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment]) -> torch.Tensor:
     """Runs ``model`` over the segments; returns float32 logits of the rows asked for, in
     segment order ``[sum of rows, vocab]``."""
@@ -119,12 +125,13 @@ def catch_up_segment(item: WorkItem) -> Segment:
 
 
 def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
-              on_forward: Optional[Callable[[int, Callable[[], torch.Tensor]], torch.Tensor]] = None,
+              on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
               graph=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
     """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
     drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
     sampled from (row j: the distribution of draft j+1); None for greedy requests.
-    ``on_forward(tokens, run)``, when given, wraps each forward (the engine times them).
+    ``on_forward(tokens, run, keys)``, when given, wraps each forward (the engine times them;
+    keys: segment_keys).
 
     ``graph``: a DraftGraphRunner (engine/draft_graph.py) that runs the draft forwards over
     fixed-shape buffers (one CUDA graph replay on GPUs); the engine passes its runner when
@@ -155,7 +162,7 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
                                     logits_from=0))
         tokens = sum(len(seg.input_ids) for seg in segments)
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
-        logits = on_forward(tokens, run) if on_forward is not None else run()  # [len(active), vocab]
+        logits = on_forward(tokens, run, segment_keys(segments)) if on_forward is not None else run()
         for row, i in enumerate(active):
             req = items[i].request
             if req.params.greedy:

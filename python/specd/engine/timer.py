@@ -6,17 +6,28 @@ The synthetic profile models a memory-bound step: flat up to a compute knee, the
 Its parameters are the benchmark's command-line options. A measured profile
 (:class:`MeasuredProfile`) instead interpolates forward times measured on a real GPU
 (bench/gpu/profile_forwards.py writes them).
+
+Timers take each forward's ``keys`` as well as its tokens: the attention work, the number
+of (query, key) pairs its new tokens attend (a new token at position p attends p + 1 keys
+under a causal mask; :func:`causal_keys`). A measured profile uses them to price a forward
+of several sequences by what they attend, not as one sequence of as many tokens.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
 import torch
+
+
+def causal_keys(start: int, count: int) -> int:
+    """Keys attended by ``count`` new tokens at positions start .. start + count - 1 of one
+    sequence under a causal mask (a tree's nodes attend at most as many)."""
+    return count * start + count * (count + 1) // 2
 
 
 class WallTimer:
@@ -33,7 +44,8 @@ class WallTimer:
             torch.cuda.synchronize()
         return time.perf_counter()
 
-    def forward(self, model: str, tokens: int, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def forward(self, model: str, tokens: int, fn: Callable[[], Any], keys: Optional[int] = None,
+                ) -> tuple[Any, float]:
         t0 = self._now()
         result = fn()
         return result, self._now() - t0
@@ -57,7 +69,8 @@ class GPUProfile:
     draft_per_token: float = 0.00005
     step_overhead: float = 0.0005   # scheduling, proposing, verifying per step
 
-    def seconds(self, model: str, tokens: int) -> float:
+    def seconds(self, model: str, tokens: int, keys: Optional[int] = None) -> float:
+        """``keys`` is ignored: the knee model has no attention term."""
         if model == "target":
             return self.target_base + max(0, tokens - self.target_knee) * self.target_per_token
         return self.draft_base + max(0, tokens - self.draft_knee) * self.draft_per_token
@@ -65,40 +78,73 @@ class GPUProfile:
 
 @dataclass(frozen=True)
 class MeasuredProfile:
-    """Forward times measured on a GPU, per model, as a function of the forward's tokens:
-    piecewise-linear between the measured token counts (the median where several shapes had
-    the same count), the first time below the smallest count, and the line through the last two
-    points beyond the largest (one point: that time everywhere). ``step_overhead`` (seconds per step outside the forwards) is
-    measured too. ``source`` says where the numbers come from (printed with every result)."""
+    """Forward times measured on a GPU, per model, as a function of the forward's tokens and
+    attended keys (module docstring). ``step_overhead`` (seconds per step outside the
+    forwards) is measured too; ``source`` says where the numbers come from (printed with
+    every result).
+
+    Model: seconds = base(tokens) + per_key * keys.
+    - ``per_key``: the attention's time per (query, key) pair, fitted by least squares
+      (seconds ~ a + b tokens + per_key keys, per_key >= 0) on the model's single-sequence
+      prefill points (batch 1, no cached context; at least three token counts): there the
+      keys grow as the square of the tokens, which separates the two terms. Without such
+      points, or points that do not say their shape (batch, query, context), per_key is 0.
+    - ``base``: each point's time less its attention term, the median where several points
+      have the same token count, piecewise-linear between the counts, the first value below
+      the smallest count, and the line through the last two beyond the largest (one point:
+      that value everywhere).
+    Why: a prefill step of the engine holds several prompts, whose attention is each
+    prompt's own; interpolating one long sequence's measured time by total tokens charged
+    five 200-token prompts as one 1024-token prompt (61 ms on the H100 profile instead of
+    about 20).
+    A forward timed without ``keys`` gets the measured times as they are (the same
+    interpolation over the raw medians)."""
 
     tokens: Mapping[str, tuple[int, ...]]     # model -> increasing token counts
-    seconds_at: Mapping[str, tuple[float, ...]]
+    seconds_at: Mapping[str, tuple[float, ...]]  # model -> median measured seconds at each count
     step_overhead: float
     source: str = ""
+    base_at: Optional[Mapping[str, tuple[float, ...]]] = None  # model -> base seconds at each count
+    per_key: Optional[Mapping[str, float]] = None               # model -> attention seconds per key
 
     @staticmethod
     def from_points(points: Mapping[str, Sequence[Mapping]], step_overhead_ms: float,
                     source: str = "") -> "MeasuredProfile":
-        """``points``: model -> [{"tokens": n, "ms": t}, ...] (bench/gpu/profile_forwards.py's
-        "models"); "target" and "draft" are required, with at least one point each."""
+        """``points``: model -> [{"tokens": n, "ms": t, "batch": b, "query": q,
+        "context": c}, ...] (bench/gpu/profile_forwards.py's "models"; batch, query and
+        context are optional); "target" and "draft" are required, with at least one point
+        each."""
         from specd.errors import InvalidArgumentError
 
-        tokens, seconds = {}, {}
+        tokens, seconds, base, per_key = {}, {}, {}, {}
         for model in ("target", "draft"):
-            by_tokens: dict[int, list[float]] = {}
+            rows = []  # (tokens, ms, keys or None, single-sequence prefill)
             for p in points.get(model, ()):
                 n, ms = int(p["tokens"]), float(p["ms"])
                 if n < 1 or not ms > 0:
                     raise InvalidArgumentError(f"GPU profile: {model} point {dict(p)} needs tokens >= 1 and ms > 0")
-                by_tokens.setdefault(n, []).append(ms)
-            if not by_tokens:
+                keys, prefill = None, False
+                if all(f in p for f in ("batch", "query", "context")):
+                    b, q, c = int(p["batch"]), int(p["query"]), int(p["context"])
+                    if b < 1 or q < 1 or c < 0 or b * q != n:
+                        raise InvalidArgumentError(f"GPU profile: {model} point {dict(p)} needs batch x query = "
+                                                   "tokens and context >= 0")
+                    keys, prefill = b * causal_keys(c, q), b == 1 and c == 0
+                rows.append((n, ms, keys, prefill))
+            if not rows:
                 raise InvalidArgumentError(f"GPU profile: no measured points for the {model} model")
-            ns = sorted(by_tokens)
+            per_key[model] = _fit_per_key(rows)
+            raw, rest = {}, {}
+            for n, ms, keys, _ in rows:
+                raw.setdefault(n, []).append(ms)
+                rest.setdefault(n, []).append(ms - per_key[model] * 1e3 * (keys or 0))
+            ns = sorted(raw)
             tokens[model] = tuple(ns)
-            seconds[model] = tuple(float(np.median(by_tokens[n])) / 1e3 for n in ns)
+            seconds[model] = tuple(float(np.median(raw[n])) / 1e3 for n in ns)
+            base[model] = tuple(max(0.0, float(np.median(rest[n]))) / 1e3 for n in ns)
         if not step_overhead_ms >= 0:
             raise InvalidArgumentError(f"GPU profile: step overhead must be >= 0 ms, got {step_overhead_ms}")
-        return MeasuredProfile(tokens, seconds, step_overhead_ms / 1e3, source)
+        return MeasuredProfile(tokens, seconds, step_overhead_ms / 1e3, source, base, per_key)
 
     @staticmethod
     def load(path) -> "MeasuredProfile":
@@ -117,14 +163,32 @@ class MeasuredProfile:
         source = f"{path} ({meta.get('device', 'unknown device')}, {meta.get('weights', '')})"
         return MeasuredProfile.from_points(models, overhead, source)
 
-    def seconds(self, model: str, tokens: int) -> float:
-        ns, ts = self.tokens[model], self.seconds_at[model]
-        if tokens <= ns[0] or len(ns) == 1:
-            return ts[0]
-        if tokens >= ns[-1]:
-            slope = (ts[-1] - ts[-2]) / (ns[-1] - ns[-2])
-            return ts[-1] + max(0.0, slope) * (tokens - ns[-1])
-        return float(np.interp(tokens, ns, ts))
+    def seconds(self, model: str, tokens: int, keys: Optional[int] = None) -> float:
+        if keys is None or self.base_at is None or self.per_key is None:
+            return _interpolate(self.tokens[model], self.seconds_at[model], tokens)
+        return _interpolate(self.tokens[model], self.base_at[model], tokens) + self.per_key[model] * keys
+
+
+def _fit_per_key(rows) -> float:
+    """MeasuredProfile's per_key (seconds) from (tokens, ms, keys, single-sequence prefill) rows."""
+    pre = [(n, ms, keys) for n, ms, keys, prefill in rows if prefill]
+    if len({n for n, _, _ in pre}) < 3:
+        return 0.0
+    a = np.array([[1.0, n, keys] for n, _, keys in pre])
+    y = np.array([ms for _, ms, _ in pre])
+    coef = np.linalg.lstsq(a, y, rcond=None)[0]
+    return max(0.0, float(coef[2])) / 1e3
+
+
+def _interpolate(ns: Sequence[int], ts: Sequence[float], tokens: int) -> float:
+    """Piecewise-linear in tokens between the counts ``ns``; the first time below, the last
+    segment's slope (never negative) beyond; one point: flat."""
+    if tokens <= ns[0] or len(ns) == 1:
+        return ts[0]
+    if tokens >= ns[-1]:
+        slope = (ts[-1] - ts[-2]) / (ns[-1] - ns[-2])
+        return ts[-1] + max(0.0, slope) * (tokens - ns[-1])
+    return float(np.interp(tokens, ns, ts))
 
 
 class SyntheticTimer:
@@ -135,8 +199,9 @@ class SyntheticTimer:
     def __init__(self, profile: GPUProfile):
         self.profile = profile
 
-    def forward(self, model: str, tokens: int, fn: Callable[[], Any]) -> tuple[Any, float]:
-        return fn(), self.profile.seconds(model, tokens)
+    def forward(self, model: str, tokens: int, fn: Callable[[], Any], keys: Optional[int] = None,
+                ) -> tuple[Any, float]:
+        return fn(), self.profile.seconds(model, tokens, keys)
 
     def step_begin(self) -> None:
         pass
