@@ -10,8 +10,9 @@ engine's GPU defaults: fused layer kernels and KernelAttention over a paged cach
 is one forward of `batch` sequences x `query` new tokens over `context` cached tokens each
 (causal), captured in a CUDA graph and replayed (median of --reps replays timed with CUDA
 events): the decode/verify shapes (batch 1..64 x query 1..9, logits for every new row) and
-prefill shapes (one sequence of 128..2048 tokens, logits for its last row). Weights are random,
-so only the times mean anything.
+prefill shapes (one sequence of 128..2048 tokens, and 4 x 256 and 8 x 128 tokens of several
+sequences; logits for each sequence's last row). Weights are random, so only the times mean
+anything.
 
 Then the engine's per-step time outside the forwards (scheduling, proposing, verifying,
 sampling on the host side), from EngineTimings of LLM.generate runs with both graph runners
@@ -39,6 +40,10 @@ from bench_draft_loop import configs, random_model  # noqa: E402
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 QUERIES = {"target": (1, 2, 3, 5, 9), "draft": (1, 2, 3, 5)}
 PREFILL = (128, 256, 512, 1024, 2048)
+# Prefills of several prompts in one forward (batch x prompt tokens, no context): the engine's
+# prefill steps hold several prompts; these points check the load benchmark's per-key model
+# (engine/timer.py MeasuredProfile), which is fitted on the single-prompt prefills above.
+MULTI_PREFILL = ((4, 256), (8, 128))
 
 
 def captured_forward(model, batch: int, query: int, context: int, logits_rows: str):
@@ -109,6 +114,10 @@ def profile_model(name, model, context: int, reps: int) -> list[dict]:
         ms = forward_ms(model, 1, tokens, 0, "last", reps)
         points.append({"batch": 1, "query": tokens, "tokens": tokens, "context": 0, "ms": round(ms, 4)})
         print(f"{name:<6} prefill {tokens:>4} tokens: {ms:8.3f} ms", flush=True)
+    for batch, tokens in MULTI_PREFILL:
+        ms = forward_ms(model, batch, tokens, 0, "last", reps)
+        points.append({"batch": batch, "query": tokens, "tokens": batch * tokens, "context": 0, "ms": round(ms, 4)})
+        print(f"{name:<6} prefill {batch} x {tokens} tokens: {ms:8.3f} ms", flush=True)
     return points
 
 
@@ -146,7 +155,7 @@ def main(argv=None) -> int:
     import specd.ops as ops
 
     plan = (f"plan: target and draft, batch {DECODE_BATCHES} x query {QUERIES} at context {args.context}, prefill "
-            f"{PREFILL}; {args.reps} replays per point; JSON -> {os.path.join(args.out, 'gpu_forward_profile.json')}")
+            f"{PREFILL} and {' and '.join(f'{b} x {n}' for b, n in MULTI_PREFILL)}; {args.reps} replays per point; JSON -> {os.path.join(args.out, 'gpu_forward_profile.json')}")
     print(plan, flush=True)
     if args.dry_run:
         return 0

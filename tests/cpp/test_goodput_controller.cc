@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "block_manager_test_util.h"
@@ -518,24 +519,33 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   }
 }
 
-TEST(GoodputController, AnUntimedDraftIsPricedLikeTheTarget) {
+TEST(GoodputController, AnUntimedDraftDraftsOneToken) {
   // A flat (memory-bound) target is measured; the draft never ran. Priced at nothing it would
   // buy the deepest chain on a guess (k = 8 for the first requests of a load sweep on H100
-  // costs, with their catch-ups: 28 ms of draft time before anything was known); priced like
-  // the target, exploration tries one draft, and the measured draft then sets k.
-  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
-  for (int rep = 0; rep < 3; ++rep)
-    for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128})
-      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)));
-  c.observe_overhead(0.0005);
+  // costs, with their catch-ups: 31 ms of draft time before anything was known). The header's
+  // rule: one token, free while exploring; at the target's cost under a backlog.
+  auto fresh = [] {
+    auto c = std::make_unique<GoodputController>(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128})
+        EXPECT_TRUE(c->observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)).ok());
+    c->observe_overhead(0.0005);
+    return c;
+  };
   std::vector<ControllerDecision> d;
-  SPECD_ASSERT_OK(c.decide(decode_batch(1, 8), &d));
+  auto backlogged = fresh();
+  backlogged->observe_load(5, 64);
+  SPECD_ASSERT_OK(backlogged->decide(decode_batch(1, 8), &d));
+  EXPECT_EQ(d[0].k, 0);  // a draft as dear as the target does not pay at the prior
+
+  auto c = fresh();
+  SPECD_ASSERT_OK(c->decide(decode_batch(1, 8), &d));
   EXPECT_EQ(d[0].k, 1);
-  EXPECT_EQ(c.draft_costs().has_data(), false);
+  EXPECT_EQ(c->draft_costs().has_data(), false);
   for (int64_t n : {1, 2, 4})
-    SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.002));  // a cheap draft, measured
-  SPECD_ASSERT_OK(c.observe(0, 0, 1, 1));
-  SPECD_ASSERT_OK(c.decide(decode_batch(1, 8), &d));
+    SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, 0.002));  // a cheap draft, measured
+  SPECD_ASSERT_OK(c->observe(0, 0, 1, 1));
+  SPECD_ASSERT_OK(c->decide(decode_batch(1, 8), &d));
   EXPECT_GT(d[0].k, 1);
 }
 
