@@ -401,7 +401,7 @@ Status GoodputController::observe_step(int64_t emitted_tokens, double seconds, i
 
 double GoodputController::price(double g_star) const {
   const double run = long_run_goodput();
-  if (run <= 0 || run >= g_star) return g_star;
+  if (run <= 0 || run >= g_star || finished_ < max_batch_) return g_star;
   const double w = backlog_share();
   return (1 - w) * g_star + w * run;
 }
@@ -409,6 +409,7 @@ double GoodputController::price(double g_star) const {
 void GoodputController::forget(RequestId id, int64_t generated_tokens) {
   estimator_.remove(id);
   tree_strength_.erase(id);
+  ++finished_;
   load_.finish(id, generated_tokens);
 }
 

@@ -377,6 +377,15 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   SPECD_EXPECT_CODE(c.observe_step(1, 0.1, -2), kInvalidArgument);
   GoodputControllerConfig bad{{false}, 8, 0.9, {}};
   bad.long_run_decay = 1.0;
+  // While the engine fills up (fewer requests finished than its batch limit) G_run counts
+  // prefills of tokens still to come: the price stays G*.
+  GoodputController filling(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(filling.observe_step(3, 0.150, 5));
+  filling.observe_load(5, 4);
+  for (RequestId id = 100; id < 103; ++id) filling.forget(id, 10);
+  EXPECT_DOUBLE_EQ(filling.price(54.0), 54.0);
+  filling.forget(103, 10);  // the fourth: G_run now prices the backlog
+  EXPECT_NEAR(filling.price(54.0), 20.0, 0.5);
   GoodputController never_forgets(bad);
   SPECD_EXPECT_CODE(never_forgets.decide(batch, &d), kInvalidArgument);
 }
