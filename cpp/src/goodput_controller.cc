@@ -136,13 +136,15 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
       strength[p] = std::accumulate(batch[i].node_probs[p].begin(), batch[i].node_probs[p].end(), 0.0);
   }
   const std::vector<bool> all_allowed(static_cast<std::size_t>(num_proposers()), true);
-  const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
+  // The typical step's draft base (header, rule 3): 2 tokens, what the draft processes after
+  // a step whose drafts were all accepted.
+  const std::vector<int32_t> drafting_in_sync(static_cast<std::size_t>(num_proposers()), 2);
 
   // The typical step: decode only, every draft in sync. Its optimal goodput G*, or the
   // long-run goodput where lower, prices this step (header: "The long-run price").
   StepProblem typical_step;
   typical_step.draft_width = config_.draft_tree_width;
-  for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, in_sync, all_allowed);
+  for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, drafting_in_sync, all_allowed);
   const Span<const SpecRequest> typical_requests = typical_step.finish();
   Allocation steady;
   SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n)), &steady));
@@ -217,7 +219,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     for (const Gains& g : all) cap = std::max(cap, static_cast<int32_t>(g[0].size()));
     const Gains prior = gains(kUnseen, cap);
     const std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
-    const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 1);
+    const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
     StepProblem future;
     future.draft_width = config_.draft_tree_width;
     for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);

@@ -19,9 +19,15 @@
 //    is the j-th most probable node, so k is the tree's node budget, chosen from this
 //    request's own evidence in this step (a repeated passage: a deep or wide tree; a weak
 //    match: a small one or none; no candidates: k = 0).
-// 3. The typical step: the same requests decode only (base 1) with every draft in sync
-//    (draft base 1); its optimal goodput G* is the step's price of time, lowered towards
-//    the long-run goodput G_run under a backlog (below).
+// 3. The typical step: the same requests decode only (base 1) with every draft in sync;
+//    its optimal goodput G* is the step's price of time, lowered towards the long-run
+//    goodput G_run under a backlog (below). A drafting request's draft base there is 2:
+//    the draft model never runs on its own last draft, so after a step whose drafts were all
+//    accepted its first forward of the next step processes that draft and the bonus token.
+//    (With base 1, G* assumed cheaper drafts than the steps that follow acceptance get; at
+//    34.6 requests/s on the H100-profile sweep those steps, priced at that G*, declined to
+//    draft, the drafts fell further behind, and goodput drafted in half of the steps: 1.031x
+//    the best static k; with base 2, 1.013x.)
 // 4. Catch-up: a request whose draft has tokens to catch up (draft_catch_up > 1) may use a
 //    draft-model proposer only if the investment pays: in the steady plan at the forecast
 //    batch (requests beyond today's batch at the proposers' prior acceptance), the request
