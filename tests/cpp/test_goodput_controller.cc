@@ -558,6 +558,28 @@ TEST(GoodputController, AnUntimedDraftDraftsOneToken) {
   EXPECT_GT(d[0].k, 1);
 }
 
+TEST(GoodputController, TheTypicalStepFeedsTheDraftTwoTokensPerRequest) {
+  // After a step whose drafts were all accepted the draft processes its own last draft and
+  // the bonus token, so the typical step (header, rule 3) prices a drafting request's first
+  // draft forward at 2 tokens: G* = E / (target(8) + draft(8) + overhead) for 4 requests
+  // drafting one token each, not draft(4).
+  GoodputController c(GoodputControllerConfig{{true}, 1, 0.9, {}});
+  for (int rep = 0; rep < 3; ++rep)
+    for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.003));
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.001 + 0.0001 * static_cast<double>(n)));
+    }
+  c.observe_overhead(0.0005);
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(decode_batch(4, 1), &d));
+  double expected = 0;
+  for (const ControllerDecision& x : d) {
+    EXPECT_EQ(x.k, 1);
+    expected += x.predicted_tokens;
+  }
+  EXPECT_NEAR(c.last_typical_goodput(), expected / (0.003 + 0.0018 + 0.0005), 1e-6 * expected / 0.0053);
+}
+
 TEST(GoodputController, ColdStartAndBadInput) {
   GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
   std::vector<ControllerDecision> d;
