@@ -95,8 +95,8 @@ std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t 
     if (!estimator_.alphas(id, p, Span<double>(alphas), /*explore=*/waiting_ == 0).ok()) continue;
     double prod = 1.0;
     for (double a : alphas) out[static_cast<std::size_t>(p)].push_back(prod *= a);
-    if (config_.proposer_uses_draft[static_cast<std::size_t>(p)] && !draft_.has_data())
-      out[static_cast<std::size_t>(p)].resize(1);  // an untimed draft: one token (header)
+    if (config_.proposer_uses_draft[static_cast<std::size_t>(p)] && draft_guessed_ && out[static_cast<std::size_t>(p)].size() > 2)
+      out[static_cast<std::size_t>(p)].resize(2);  // a draft not yet timed at two sizes (header)
   }
   return out;
 }
@@ -120,9 +120,10 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   }
   const std::size_t n = batch.size();
   decisions_out->assign(n, ControllerDecision{});
-  // Before the draft was ever timed (header, "An untimed draft"): one draft token per request,
-  // free while exploring, priced like the target's under a backlog.
+  // Before the draft was timed at two sizes (header, "An untimed draft"): two draft tokens per
+  // request; before any timing free while exploring, priced like the target's under a backlog.
   draft_view_ = draft_.has_data() || waiting_ == 0 ? draft_.shaped_like(target_) : target_;
+  draft_guessed_ = draft_.measured().size() < 2;
   for (const ControllerRequest& r : batch) load_.arrive(r.id, r.base_tokens, r.remaining_tokens);
   if (n == 0) return Status::Ok();
 

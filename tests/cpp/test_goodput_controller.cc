@@ -528,11 +528,13 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   }
 }
 
-TEST(GoodputController, AnUntimedDraftDraftsOneToken) {
+TEST(GoodputController, AnUntimedDraftDraftsTwoTokens) {
   // A flat (memory-bound) target is measured; the draft never ran. Priced at nothing it would
   // buy the deepest chain on a guess (k = 8 for the first requests of a load sweep on H100
   // costs, with their catch-ups: 31 ms of draft time before anything was known). The header's
-  // rule: one token, free while exploring; at the target's cost under a backlog.
+  // rule: two tokens until the draft is timed at two sizes (its catch-up forward and a
+  // one-token one); before any timing free while exploring, at the target's cost under a
+  // backlog.
   auto fresh = [] {
     auto c = std::make_unique<GoodputController>(GoodputControllerConfig{{true}, 8, 0.9, {}});
     for (int rep = 0; rep < 3; ++rep)
@@ -549,13 +551,16 @@ TEST(GoodputController, AnUntimedDraftDraftsOneToken) {
 
   auto c = fresh();
   SPECD_ASSERT_OK(c->decide(decode_batch(1, 8), &d));
-  EXPECT_EQ(d[0].k, 1);
+  EXPECT_EQ(d[0].k, 2);
   EXPECT_EQ(c->draft_costs().has_data(), false);
-  for (int64_t n : {1, 2, 4})
-    SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, 0.002));  // a cheap draft, measured
-  SPECD_ASSERT_OK(c->observe(0, 0, 1, 1));
+  SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, 1, 0.002));  // one size: still a guess
+  SPECD_ASSERT_OK(c->observe(0, 0, 2, 2));
   SPECD_ASSERT_OK(c->decide(decode_batch(1, 8), &d));
-  EXPECT_GT(d[0].k, 1);
+  EXPECT_EQ(d[0].k, 2);
+  SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, 4, 0.002));  // two sizes: a cheap draft
+  SPECD_ASSERT_OK(c->observe(0, 0, 2, 2));
+  SPECD_ASSERT_OK(c->decide(decode_batch(1, 8), &d));
+  EXPECT_GT(d[0].k, 2);
 }
 
 TEST(GoodputController, TheTypicalStepFeedsTheDraftTwoTokensPerRequest) {

@@ -42,13 +42,17 @@
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G T at the price G of 3. A typical step (all base 1, all in sync) is
 //    the plan of 3 (at G* that is the step's own optimal E / T).
-// An untimed draft: before the draft model's first forward was timed, its cost is a guess.
-//    Priced at nothing (an empty cost model) it would buy the deepest chain for every request
-//    on that guess (k = 8 with 180-token catch-ups for the first requests of a load sweep on
-//    H100 costs: 28 ms of draft time before anything was known); priced like the target it
-//    ties with plain decoding and is never tried, so its cost is never learnt. So a request
-//    may draft at most one token with it until it has been timed: free while the estimator
-//    explores (no request waiting), at the target's cost under a backlog. Its catch-up is
+// An untimed draft: until the draft model has been timed at two sizes its costs are a guess
+//    (none, or one size scaled by the target's shape: CostModel::shaped_like). Priced at
+//    nothing (an empty cost model) it would buy the deepest chain for every request on that
+//    guess (k = 8 with 180-token catch-ups for the first requests of a load sweep on H100
+//    costs: 28 ms of draft time before anything was known); priced like the target it ties
+//    with plain decoding and is never tried, so its cost is never learnt. So a request may
+//    draft at most two tokens with it until then: the first call times both its catch-up
+//    forward and a one-token forward (with one token only, a catch-up of 600 tokens scaled
+//    by the target's shape made one-token forwards look as dear as the target's, and the
+//    draft was never tried again). Before any timing the draft is free while the estimator
+//    explores (no request waiting) and at the target's cost under a backlog. Catch-ups are
 //    priced as rule 4 says.
 // The price under a backlog: when requests wait for admission, what delays them is the
 //    engine's throughput over the whole backlog, prefills included: sum(E) / sum(T) over all
@@ -220,6 +224,7 @@ class GoodputController {
   int64_t waiting_ = 0;  // requests waiting for admission at the last observe_load
   int32_t max_batch_ = 0;  // the engine's batch limit at the last observe_load
   int64_t finished_ = 0;   // requests forgotten (finished) so far
+  bool draft_guessed_ = true;  // the draft's costs are not yet timed at two sizes (decide)
   int64_t steps_ = 0;
   // Decayed sums behind long_run_goodput() and backlog_share().
   double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
