@@ -284,7 +284,7 @@ def test_goodput_sizes_draft_model_trees(setup, tmp_path, draft_kind):
     draft grew it, the nodes to verify (size_trees): sets closed under parents, within what
     was reserved, the draft's tree calibration learned from what the verified trees
     predicted, and outputs equal to plain decoding. A draft that is always right (the target
-    itself) gets chains: its siblings are worth nothing. A one-layer draft of the target is
+    itself) gets chains, nearly always: its siblings are worth next to nothing. A one-layer draft of the target is
     often wrong, gets trees that branch, and accepts more drafts per step than with chains."""
     from specd.engine.goodput import GoodputPolicy
     from test_engine import self_draft

@@ -22,6 +22,7 @@ import torch
 from specd.engine.request import Request
 from specd.engine.rng import philox_uniform
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
+from specd.engine.timer import causal_keys
 from specd.engine.torch_sampling import DRAFT_STREAM, sample_inverse_cdf, sampling_probs
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
@@ -44,9 +45,10 @@ class Segment:
 
 
 def segment_keys(segments: list[Segment]) -> int:
-    """Keys the segments' new tokens attend, counted causally (a token at position p attends
-    p + 1; timer.causal_keys): the attention work a timer prices."""
-    return sum(int(s.positions.sum()) + len(s.positions) for s in segments)
+    """Keys the segments' new tokens attend, counted causally over each segment's KV extent
+    (timer.causal_keys; a tree's nodes attend at most that many): the attention work a timer
+    prices. Host integers only: no tensor op per segment on the draft loop's path."""
+    return sum(causal_keys(s.kv_len - len(s.input_ids), len(s.input_ids)) for s in segments)
 
 
 def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment]) -> torch.Tensor:
