@@ -1,9 +1,11 @@
 """Host-side overhead of the draft model's k-step loop on the lent GPU: the plain eager loop
-(run_draft, torch attention) against the draft graph runner (engine/draft_graph.py) eager and
-captured in CUDA graphs, and with the target's verify steps captured too (target_graph.py),
-through the whole engine.
+(run_draft, torch attention) against the draft graph runner (engine/draft_graph.py) eager,
+captured as one CUDA graph per call ("one graph") and as one graph per forward (the default,
+"CUDA graph"), and with the target's verify steps captured too (target_graph.py), through the
+whole engine.
 
-    python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--dry-run] [--smoke-cpu]
+    python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
+                                         [--dry-run] [--smoke-cpu]
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
@@ -11,8 +13,8 @@ heads; vocab 151,936), bf16, built in memory (no download; acceptance is meaning
 is not). Plan: batch 1 and 8, k 4, 24 greedy tokens (--quick: 12 tokens); for each case, one
 LLM per (mode, layers) generates the same requests after a warm-up run (which also captures the
 graphs). layers: "fused" (the default on CUDA: nine kernels per decoder layer, specd.ops layer
-ops) or "torch" (about forty torch kernels per layer, LLM(fused_layers=False)); the graph modes
-run both, the eager modes the default only.
+ops) or "torch" (about forty torch kernels per layer, LLM(fused_layers=False)); with
+--torch-layers the graph modes run both, else every mode runs the default only.
 
 Per row (printed as soon as measured; bench_draft_loop.json rewritten after every row):
   draft ms/fwd   the engine's timer: draft time / draft forwards (forward 0, the catch-up,
@@ -34,6 +36,8 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
                  launched; no synchronisation in it) / the draft forwards it runs (k when
                  forward 0, the catch-up, runs in the runner; k - 1 when forward 0 ran eagerly
                  before it): the host-side overhead per draft step of the device-side loop
+  fill us/step, launch us/step  of that host time: packing and uploading the inputs
+                 (DraftGraphRunner._fill) and the graph launches (CUDAGraph.replay calls)
   target ms/step, step ms: the engine's target forward time and whole step time per step
                  (the last mode also runs verify steps through the target graph runner)
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
@@ -57,12 +61,14 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 from typing import Optional
 
 import torch
 
-MODES = ("eager loop", "graph runner, eager", "graph runner, CUDA graph", "draft + target graphs")
-GRAPH_MODES = (MODES[2], MODES[3])  # run with both layer kinds
+MODES = ("eager loop", "graph runner, eager", "graph runner, one graph", "graph runner, CUDA graph",
+         "draft + target graphs")
+GRAPH_MODES = (MODES[2], MODES[3], MODES[4])  # with --torch-layers: run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
 
 
@@ -174,44 +180,70 @@ class RunnerProbe:
 
     def __init__(self, real):
         self.real, self.enabled, self.samples = real, False, []
+        self.real_fill, self.real_replay = None, None
+        self.fill_us = self.replay_us = 0.0  # inside the current probed call
+        self.replays = 0
 
     def reset(self, enabled: bool) -> None:
         self.enabled, self.samples = enabled, []
 
     def install(self, cls) -> None:
+        """Wraps cls.run, cls._fill and torch.cuda.CUDAGraph.replay (this script only)."""
         probe = self
+        self.real_fill, self.real_replay = cls._fill, torch.cuda.CUDAGraph.replay
 
         def run(runner, items, first_tokens=None, on_forward=None):
+            probe.fill_us = probe.replay_us = 0.0
+            probe.replays = 0
             t0 = time.perf_counter()
             out = probe.real(runner, items, first_tokens, on_forward)
             if probe.enabled:
                 steps = max(it.k for it in items) - (0 if first_tokens is None else 1)
-                probe.samples.append(((time.perf_counter() - t0) * 1e6, steps))
+                probe.samples.append(((time.perf_counter() - t0) * 1e6, steps, probe.fill_us, probe.replay_us,
+                                      probe.replays))
             return out
 
-        cls.run = run
+        def fill(runner, inp, items):
+            t0 = time.perf_counter()
+            probe.real_fill(runner, inp, items)
+            probe.fill_us += (time.perf_counter() - t0) * 1e6
+
+        def replay(graph):
+            t0 = time.perf_counter()
+            probe.real_replay(graph)
+            probe.replay_us += (time.perf_counter() - t0) * 1e6
+            probe.replays += 1
+
+        cls.run, cls._fill, torch.cuda.CUDAGraph.replay = run, fill, replay
+
+    def uninstall(self, cls) -> None:
+        cls.run, cls._fill, torch.cuda.CUDAGraph.replay = self.real, self.real_fill, self.real_replay
 
     def summary(self) -> dict:
-        per = [us / n for us, n in self.samples if n > 0]
-        return {"loop_host_us_per_step": round(statistics.median(per), 1) if per else None,
-                "loop_calls": len(per)}
+        """Per draft step: the runner's host time, and of it the input packing (_fill) and the
+        graph launches (CUDAGraph.replay calls); per call: the graphs launched."""
+        samples = [s for s in self.samples if s[1] > 0]
+        med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
+        return {"loop_host_us_per_step": med([s[0] / s[1] for s in samples]),
+                "fill_us_per_step": med([s[2] / s[1] for s in samples]),
+                "launch_us_per_step": med([s[3] / s[1] for s in samples]),
+                "graphs_per_call": med([s[4] for s in samples]), "loop_calls": len(samples)}
 
 
 def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe,
              loop_probe: RunnerProbe):
     import specd
-    from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner
+    from specd.engine.draft_graph import DraftGraphRunner
 
     spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=k)
     llm = specd.LLM.from_models(target, draft, spec, device=draft.device, max_num_seqs=batch, max_model_len=2048,
                                 num_kv_pages=4096 if draft.device.type == "cuda" else 256,
-                                draft_graph=mode != MODES[0], target_graph=mode == MODES[3],
+                                draft_graph=mode != MODES[0], target_graph=mode == MODES[4],
                                 fused_layers=layers == "fused")
-    if mode == MODES[1]:  # the runner's loop without capture
+    if mode in (MODES[1], MODES[2]):  # the runner's loop without capture; one graph for the whole call
         old = llm.draft_graph
-        llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
-            max_steps=old.config.max_steps, max_blocks=old.config.max_blocks, buckets=old.config.buckets,
-            capture=False))
+        llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, replace(
+            old.config, capture=False if mode == MODES[1] else None, graph_per_forward=mode != MODES[2]))
     params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     probe.reset(False)
     llm.generate(prompts[:batch], params)  # warm-up (and graph capture)
@@ -225,7 +257,7 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
               "draft_forwards": t.draft_forwards, "target_ms_per_step": 1e3 * t.target_forward_s / max(1, t.steps),
               "step_ms": 1e3 * t.step_s / max(1, t.steps), "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
               "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
-    if mode == MODES[3]:
+    if mode == MODES[4]:
         # The verify pass now attends with the kernels, plain decoding with torch SDPA: in bf16
         # their rounding differs. Lossless means equal to plain decoding with the same
         # numerics: plain decoding through the target graph (decode steps are 1-row verifies).
@@ -251,7 +283,8 @@ def fmt(x, width, digits=1) -> str:
 
 HEADER = (f"{'mode':<26} {'layers':>6} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'kernels/fwd':>11} "
           f"{'wall us/step':>12} {'gpu us/step':>11} "
-          f"{'host us/step':>12} {'loop host us/step':>17} {'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
+          f"{'host us/step':>12} {'loop host us/step':>17} {'fill us/step':>12} {'launch us/step':>14} "
+          f"{'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
           f"{'tok/s':>8}  same")
 
 
@@ -260,6 +293,7 @@ def print_row(r: dict) -> None:
           f"{fmt(r.get('kernels_per_forward'), 11, 0)} "
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
           f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('loop_host_us_per_step'), 17)} "
+          f"{fmt(r.get('fill_us_per_step'), 12)} {fmt(r.get('launch_us_per_step'), 14)} "
           f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
           f"{r['same_outputs_as_first_mode']}"
           + (f" (equal to plain decoding with kernel attention: {r['same_as_plain_with_kernel_attention']})"
@@ -273,6 +307,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=120.0,
                     help="skip the cases not started (or predicted to end) within this many seconds")
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
+    ap.add_argument("--torch-layers", action="store_true",
+                    help="also run the graph modes with torch layers (about forty kernels per layer)")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
@@ -283,7 +319,7 @@ def main(argv=None) -> int:
 
     sizes = [(1, 4), (8, 4)]
     max_tokens = 12 if args.quick or args.smoke_cpu else 24
-    modes = (MODES[0], MODES[1], MODES[3]) if args.smoke_cpu else MODES
+    modes = (MODES[0], MODES[1], MODES[4]) if args.smoke_cpu else MODES
     path = os.path.join(args.out, "bench_draft_loop.json")
     print(f"plan: draft loop, (batch, k) in {sizes}, {max_tokens} tokens, modes {list(modes)}, budget "
           f"{args.budget_s:.0f} s; JSON -> {path}", flush=True)
@@ -332,7 +368,8 @@ def main(argv=None) -> int:
             outputs = {}  # layers -> mode -> outputs
             # batch > 1: without the runner's eager mode, and the slow eager loop last, to fit the budget
             order = modes if batch == 1 else [m for m in modes if m not in (MODES[0], MODES[1])] + [MODES[0]]
-            cases = [(m, layers) for m in order for layers in (("torch", "fused") if m in GRAPH_MODES else ("fused",))]
+            cases = [(m, layers) for m in order
+                     for layers in (("torch", "fused") if args.torch_layers and m in GRAPH_MODES else ("fused",))]
             for mode, layers in cases:
                 elapsed = time.perf_counter() - start
                 if elapsed >= args.budget_s or elapsed + last_case_s > args.budget_s:
@@ -359,7 +396,7 @@ def main(argv=None) -> int:
                 save()
     finally:
         model_runner.run_draft = probe.real
-        DraftGraphRunner.run = loop_probe.real
+        loop_probe.uninstall(DraftGraphRunner)
     for e in probe.errors[:3]:
         print("probe:", e, file=sys.stderr)
     print(f"done in {time.perf_counter() - start:.0f} s; {len(rows)} rows, {len(skipped)} skipped, "

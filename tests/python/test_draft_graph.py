@@ -4,6 +4,7 @@ equal plain decoding and every draft call proposes what the plain draft loop pro
 tokens, same distributions), with batch padding and mixed k; GPU: the captured graph replays
 what the eager loop computes, with no host synchronisation (skips without a GPU)."""
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -194,15 +195,20 @@ def cuda():
     return torch.device("cuda")
 
 
-def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda):
-    """The captured graph (forward 0 included when the catch-up fits, else forwards 1..k-1)
-    replays what the runner's eager code computes, and a run (inputs filled and uploaded, graph
-    replayed) does not synchronise with the host."""
+@pytest.mark.parametrize("per_forward", [True, False], ids=["graph_per_forward", "one_graph"])
+def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda, per_forward):
+    """The captured graphs (a graph per forward, the default, or one for the whole call; forward
+    0 included when the catch-up fits, else forwards 1..k-1) replay what the runner's eager code
+    computes, and a run (inputs filled and uploaded, graphs replayed) does not synchronise with
+    the host."""
     target, draft, prompts, _ = pair
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     baseline = [o.token_ids for o in specd.LLM(target, device="cuda").generate(prompts, greedy)]
     llm = draft_llm(target, draft, 4, device="cuda", draft_graph=True)
-    graph_runner = llm.draft_graph
+    assert llm.draft_graph.config.graph_per_forward  # the default
+    graph_runner = DraftGraphRunner(llm.draft, llm.pool, replace(llm.draft_graph.config,
+                                                                 graph_per_forward=per_forward))
+    llm.engine.draft_graph = graph_runner
     eager_runner = DraftGraphRunner(llm.draft, llm.pool, DraftGraphConfig(
         max_steps=4, max_blocks=graph_runner.config.max_blocks, buckets=graph_runner.config.buckets, capture=False))
     real_run, checked = graph_runner.run, []
@@ -211,7 +217,7 @@ def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch,
         want, want_q = (t.clone() if t is not None else None for t in eager_runner.run(items, first_tokens))
         sampling = any(not it.request.params.greedy for it in items)
         width = 0 if first_tokens is not None else graph_runner.catch_up_width(items)
-        graph_runner._graph(graph_runner.bucket(len(items)), width, max(it.k for it in items), sampling)  # capture
+        graph_runner._graphs_for(graph_runner.bucket(len(items)), width, max(it.k for it in items), sampling)  # capture
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

@@ -18,10 +18,15 @@ previous forward. This module runs them over preallocated buffers of a batch-siz
       sample                     greedy argmax, or per-row sampling (row_sampling.py) with
                                  each row's parameters and Philox key held in tensors
 
-Nothing in it reads a value on the host, so on CUDA :class:`DraftGraphRunner` captures it once
-per (bucket, W, k, sampling) in a ``torch.cuda.CUDAGraph`` and replays it; the inputs of a run
-are ONE pinned host->device copy of a packed int64 buffer (per-row fields, block tables,
-forward 0's ids / positions / slots / logits rows / kv_lens). A catch-up wider than
+Nothing in it reads a value on the host, so on CUDA :class:`DraftGraphRunner` captures it in
+``torch.cuda.CUDAGraph``s and replays them; the inputs of a run are ONE pinned host->device
+copy of a packed int64 buffer (per-row fields, block tables, forward 0's ids / positions /
+slots / logits rows / kv_lens). By default each forward is its own graph: the head (inputs
+into the bucket's buffers, then forward 0 when W > 0) per (bucket, W, sampling), and forward
+j per (bucket, j, sampling), shared by every k and W. The GPU starts on the head while the
+host launches the next graph, so the host's launch work (about half a microsecond per
+kernel node) overlaps the GPU's instead of preceding it. ``graph_per_forward=False``
+captures the whole call as one graph per (bucket, W, k, sampling). A catch-up wider than
 ``max_catch_up`` (after a prefill) runs forward 0 eagerly in run_draft and forwards 1..k-1
 here (W = 0). On CPU the same code runs eagerly (used to test it against the plain loop).
 
@@ -32,10 +37,10 @@ draft model on a CUDA device (``draft_graph=False`` turns it off).
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 import torch
 
 from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_capture
@@ -52,12 +57,11 @@ from specd.models.llama import LlamaModel
 # loop reads them as one slice: indexing with a list would copy an index tensor to the device).
 _START, _NUM_STEPS, _GREEDY, _TEMPERATURE, _TOP_P, _MIN_P, _TOP_K, _SEED_LO, _SEED_HI, _REQUEST = range(10)
 _COLUMNS = 10
-_ONE_BITS = int(np.array(1.0).view(np.int64))
 _MASK = 0xFFFFFFFF
-
-
-def _float_bits(x: float) -> int:
-    return int(np.array(float(x), dtype=np.float64).view(np.int64))
+# One row of those inputs as bytes (native int64 / float64: the staging's layout).
+_ROW = struct.Struct("=3q3d4q")
+assert _ROW.size == 8 * _COLUMNS
+_IDLE_ROW = _ROW.pack(0, 0, 1, 1.0, 1.0, 0.0, 0, 0, 0, 0)  # padding: no steps, greedy
 
 
 def power_of_two_buckets(max_batch: int) -> tuple[int, ...]:
@@ -83,6 +87,8 @@ class DraftGraphConfig:
         the batch catches up on); a wider one (e.g. right after a prefill) runs forward 0
         eagerly in run_draft and forwards 1..k-1 here. None: max_steps + 1 (the most a verify
         step leaves: k accepted drafts and the bonus token); 0: forward 0 always eager.
+    graph_per_forward: when capturing, one graph per forward (module doc; the default) or one
+        graph for the whole call. The eager path runs the same pieces either way.
     """
 
     max_steps: int
@@ -90,6 +96,7 @@ class DraftGraphConfig:
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     capture: Optional[bool] = None
     max_catch_up: Optional[int] = None
+    graph_per_forward: bool = True
 
 
 class _Buffers:
@@ -102,6 +109,11 @@ class _Buffers:
         self.slot_mapping = torch.full((batch,), -1, dtype=torch.int64, device=device)
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)       # [B]
         self.query_start = torch.arange(batch + 1, dtype=torch.int32, device=device)  # one token each
+        # The run's per-row fields, copied in by the head: what forwards j >= 1 read (their
+        # graphs are shared by every catch-up width, so they cannot read one width's inputs).
+        self.rows = torch.zeros((batch, _COLUMNS), dtype=torch.int64, device=device)  # [B, _COLUMNS]
+        self.floats = torch.zeros((batch, 3), dtype=torch.float64, device=device)     # temperature, top_p, min_p
+        self.num_steps = torch.zeros(batch, dtype=torch.int32, device=device)       # [B] each row's k
         # Row j: forward j's samples (row 0: forward 0's, written by the catch-up or copied in).
         self.tokens = torch.zeros((steps, batch), dtype=torch.int64, device=device)
         self.probs: Optional[torch.Tensor] = None  # float32 [steps, B, vocab], on first sampled run
@@ -147,7 +159,7 @@ class DraftGraphRunner:
         self.backend = KernelAttention()
         self._buffers: dict[int, _Buffers] = {}
         self._inputs: dict[tuple[int, int], _Inputs] = {}
-        self._graphs: dict[tuple[int, int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._mempool = None  # one graph memory pool shared by every captured graph
 
     @staticmethod
@@ -215,15 +227,16 @@ class DraftGraphRunner:
         batch = self.bucket(n)
         buf = self._buffers_for(batch, sampling)
         inp = self._inputs_for(batch, width)
-        graph = self._graph(batch, width, steps, sampling) if self.capture else None
+        graphs = self._graphs_for(batch, width, steps, sampling) if self.capture else None
         self._fill(inp, items)
         if first_tokens is not None:
             buf.tokens[0, :n].copy_(first_tokens)
             buf.tokens[0, n:].zero_()
 
         def loop() -> None:
-            if graph is not None:
-                graph.replay()
+            if graphs is not None:
+                for graph in graphs:
+                    graph.replay()
             else:
                 self._body(buf, inp, steps, sampling)
 
@@ -267,54 +280,77 @@ class DraftGraphRunner:
         return inp
 
     def _fill(self, inp: _Inputs, items: Sequence[WorkItem]) -> None:
-        """Inputs of ``items`` (requests past them: inactive padding), copied to the device."""
+        """Inputs of ``items`` (requests past them: inactive padding), copied to the device.
+        Host work on every draft call: rows are packed with one ``struct.pack_into`` each
+        (floats as their float64 bits, no numpy scalars), forward 0's fields built as Python
+        lists and stored with one numpy assignment per field."""
         inp.begin()  # the previous run's copy has left the pinned staging
         f, n, w = inp.fields, len(items), inp.width
-        rows = f["rows"]
-        rows.fill(0)
-        rows[:, _GREEDY] = 1
-        rows[:, _TEMPERATURE] = rows[:, _TOP_P] = _ONE_BITS
+        batch = len(f["rows"])
+        raw, at = inp.raw, inp.byte_offset["rows"]
+        raw[at + n * _ROW.size:at + batch * _ROW.size] = _IDLE_ROW * (batch - n)
         for i, it in enumerate(items):
             req, p = it.request, it.request.params
-            rows[i] = (req.length - 1, it.k, int(p.greedy), _float_bits(1.0 if p.greedy else p.temperature),
-                       _float_bits(p.top_p), _float_bits(p.min_p), p.top_k, req.rng_seed & _MASK,
-                       (req.rng_seed >> 32) & _MASK, req.rng_request & _MASK)
-        f["table"].fill(-1)
+            _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, int(p.greedy),
+                           1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.top_k, req.rng_seed & _MASK,
+                           (req.rng_seed >> 32) & _MASK, req.rng_request & _MASK)
+        table = f["table"]
         if n:
-            f["table"][:n] = self.pool.blocks.block_table_padded([it.request.id for it in items], model=DRAFT,
-                                                                width=self.config.max_blocks, pad=-1)
+            table[:n] = self.pool.blocks.block_table_padded([it.request.id for it in items], model=DRAFT,
+                                                            width=self.config.max_blocks, pad=-1)
+        table[n:] = -1
         if w:
-            f["ids"].fill(0)
-            f["positions"].fill(0)
-            f["slots"].fill(-1)
-            f["kv_lens"].fill(w)  # dummy requests: no history, no pages, nothing visible
-            f["logits_index"][:] = np.arange(0, len(f["logits_index"]) * w, w)
+            # Dummy requests: no history, no pages, nothing visible (kv_len w, slots -1).
+            ids, positions, slots = [0] * (batch * w), [0] * (batch * w), [-1] * (batch * w)
+            kv_lens, logits_index = [w] * batch, list(range(0, batch * w, w))
             for i, it in enumerate(items):
                 req = it.request
                 start, base = req.computed[DRAFT], i * w
                 c = req.length - start
-                f["ids"][base:base + c] = req.tokens[start:]
-                f["positions"][base:base + w] = req.length - 1  # dummy rows: the last real position
-                f["positions"][base:base + c] = np.arange(start, req.length)
-                f["slots"][base:base + c] = it.draft_slots[:c]
-                f["kv_lens"][i] = start + w
-                f["logits_index"][i] = base + c - 1
+                ids[base:base + c] = req.tokens[start:]
+                positions[base:base + c] = range(start, req.length)
+                positions[base + c:base + w] = [req.length - 1] * (w - c)  # dummy rows: the last real position
+                slots[base:base + c] = it.draft_slots[:c].tolist()
+                kv_lens[i] = start + w
+                logits_index[i] = base + c - 1
+            f["ids"][:], f["positions"][:], f["slots"][:] = ids, positions, slots
+            f["kv_lens"][:], f["logits_index"][:] = kv_lens, logits_index
         inp.upload()
 
     def _body(self, buf: _Buffers, inp: _Inputs, steps: int, sampling: bool) -> None:
-        """Forward 0 when the inputs have a catch-up width, then forwards 1..steps-1, on the
-        buffers: the code a CUDA graph captures."""
+        """The whole call on the buffers: the head, then forwards 1..steps-1 (what one graph
+        captures; with a graph per forward, the pieces are captured and replayed in this order)."""
+        self._head(buf, inp, sampling)
+        for j in range(1, steps):
+            self._forward(buf, j, sampling)
+
+    def _head(self, buf: _Buffers, inp: _Inputs, sampling: bool) -> None:
+        """The run's inputs into the bucket's buffers, then forward 0 when the inputs have a
+        catch-up width (its samples into ``buf.tokens[0]``)."""
         d = inp.device
         rows = d["rows"]
         buf.table.copy_(d["table"])  # int64 -> int32, on the device
-        params = _row_params(rows) if sampling else None
+        buf.rows.copy_(rows)
+        buf.floats.copy_(rows[:, _TEMPERATURE:_MIN_P + 1].contiguous().view(torch.float64))
+        buf.positions.copy_(rows[:, _START])
+        buf.num_steps.copy_(rows[:, _NUM_STEPS])  # int64 -> int32
         if inp.width:
             inp.kv_lens.copy_(d["kv_lens"])
             meta = DeviceAttentionMetadata(d["positions"], d["slots"], buf.table, inp.query_start, inp.kv_lens)
             logits = self.model(d["ids"], meta, self.kv, d["logits_index"], backend=self.backend)  # [B, vocab]
             # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length, 0).
-            self._sample(buf, 0, logits, params, rows[:, _START] + 1)
-        self._loop(buf, rows, steps, params)
+            self._sample(buf, 0, logits, _row_params(buf) if sampling else None, buf.positions + 1)
+
+    def _forward(self, buf: _Buffers, j: int, sampling: bool) -> None:
+        """Forward j >= 1: feeds forward j - 1's samples (``buf.tokens[j - 1]``), samples into
+        ``buf.tokens[j]``. Reads only the bucket's buffers, so one graph serves every k and W."""
+        torch.ops.specd.draft_step_inputs_inplace(buf.table, buf.positions, buf.tokens[j - 1], buf.input_ids,
+                                                  buf.slot_mapping, buf.kv_lens, self.block_size,
+                                                  self.num_pages, j, buf.num_steps)
+        meta = DeviceAttentionMetadata(buf.positions, buf.slot_mapping, buf.table, buf.query_start, buf.kv_lens)
+        logits = self.model(buf.input_ids, meta, self.kv, None, backend=self.backend)  # [B, vocab]
+        # Key (seed, request, DRAFT_STREAM, req.length + j, 0), as run_draft's forward j.
+        self._sample(buf, j, logits, _row_params(buf) if sampling else None, buf.positions + 1)
 
     def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, params: Optional[RowParams],
                 positions: torch.Tensor) -> None:
@@ -325,37 +361,42 @@ class DraftGraphRunner:
             tokens = torch.argmax(logits, dim=-1)
         buf.tokens[j].copy_(tokens)
 
-    def _loop(self, buf: _Buffers, rows: torch.Tensor, steps: int, params: Optional[RowParams]) -> None:
-        """Forwards 1..steps-1 after forward 0's tokens in ``buf.tokens[0]``."""
-        buf.positions.copy_(rows[:, _START])
-        num_steps = rows[:, _NUM_STEPS].to(torch.int32)
-        meta = DeviceAttentionMetadata(buf.positions, buf.slot_mapping, buf.table, buf.query_start, buf.kv_lens)
+    def _graphs_for(self, batch: int, width: int, steps: int, sampling: bool) -> list[torch.cuda.CUDAGraph]:
+        """The graphs a call replays in order, captured on first use (before the call's inputs
+        are filled in: captures run with every request inactive and write no KV)."""
+        buf = self._buffers_for(batch, sampling)
+        if not self.config.graph_per_forward:
+            inp = self._inputs_for(batch, width)
+            return [self._captured(("call", batch, width, steps, sampling), inp,
+                                   lambda: self._body(buf, inp, steps, sampling))]
+        inp = self._inputs_for(batch, width)
+        graphs = [self._captured(("head", batch, width, sampling), inp, lambda: self._head(buf, inp, sampling))]
+        idle = self._inputs_for(batch, 0)
         for j in range(1, steps):
-            torch.ops.specd.draft_step_inputs_inplace(buf.table, buf.positions, buf.tokens[j - 1], buf.input_ids,
-                                                      buf.slot_mapping, buf.kv_lens, self.block_size,
-                                                      self.num_pages, j, num_steps)
-            logits = self.model(buf.input_ids, meta, self.kv, None, backend=self.backend)  # [B, vocab]
-            # Key (seed, request, DRAFT_STREAM, req.length + j, 0), as run_draft's forward j.
-            self._sample(buf, j, logits, params, buf.positions + 1)
+            graphs.append(self._captured(("forward", batch, j, sampling), idle,
+                                         lambda j=j: self._forward(buf, j, sampling), head=True))
+        return graphs
 
-    def _graph(self, batch: int, width: int, steps: int, sampling: bool) -> torch.cuda.CUDAGraph:
-        key = (batch, width, steps, sampling)
+    def _captured(self, key: tuple, inp: _Inputs, body: Callable[[], None], head: bool = False) -> torch.cuda.CUDAGraph:
+        """The graph of ``key``, capturing ``body`` first if needed. ``inp`` is filled with no
+        request (every row inactive) first; ``head``: run the head eagerly on it before the
+        capture, so that the bucket's buffers hold inactive rows too."""
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
-        buf = self._buffers_for(batch, sampling)
-        inp = self._inputs_for(batch, width)
-        self._fill(inp, [])  # every request inactive: the warm-up and the capture write no KV
+        buf = self._buffers[key[1]]
+        self._fill(inp, [])
         buf.tokens.zero_()
-        graph, self._mempool = capture_graph(lambda: self._body(buf, inp, steps, sampling), self.device,
-                                             self._mempool)
+        if head:
+            self._head(buf, inp, sampling=False)
+        graph, self._mempool = capture_graph(body, self.device, self._mempool)
         self._graphs[key] = graph
         return graph
 
 
-def _row_params(rows: torch.Tensor) -> RowParams:
-    """RowParams from the per-row int64 inputs [B, _COLUMNS]."""
-    floats = rows[:, _TEMPERATURE:_MIN_P + 1].contiguous().view(torch.float64)  # temperature, top_p, min_p
+def _row_params(buf: _Buffers) -> RowParams:
+    """RowParams from the bucket's per-row fields (the head copied them in)."""
+    rows, floats = buf.rows, buf.floats
     return RowParams(greedy=rows[:, _GREEDY] != 0, temperature=floats[:, 0], top_k=rows[:, _TOP_K],
                      top_p=floats[:, 1], min_p=floats[:, 2], seed_lo=rows[:, _SEED_LO], seed_hi=rows[:, _SEED_HI],
                      request=rows[:, _REQUEST])

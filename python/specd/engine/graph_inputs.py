@@ -26,13 +26,16 @@ class PackedStaging:
         self.packed = torch.zeros_like(self.host, device=device) if on_device else self.host
         self.uploaded = torch.cuda.Event() if on_device else None  # the host staging may be rewritten
         host_np = self.host.numpy()
+        self.raw = memoryview(host_np).cast("B")  # the staging's bytes (for struct.pack_into)
         self.fields: dict[str, np.ndarray] = {}   # numpy views of the staging, per field
         self.device: dict[str, torch.Tensor] = {}  # device views of the packed copy, per field
+        self.byte_offset: dict[str, int] = {}     # where each field starts in ``raw``
         offset = 0
         for name, shape in shapes.items():
             size = int(np.prod(shape))
             self.fields[name] = host_np[offset:offset + size].reshape(shape)
             self.device[name] = self.packed[offset:offset + size].view(shape)
+            self.byte_offset[name] = 8 * offset
             offset += size
 
     def begin(self) -> None:
