@@ -15,11 +15,40 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;  // every lane holds the total
 }
 
+__device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  return x;
+}
+
+// q . k for one key row of `dim` elements at k, q in shared memory (float). kVec: the row is
+// 16-byte aligned and dim a multiple of 16 / sizeof(T) (vector loads); else element loads.
+// Four partial sums keep the FMA chain short.
+template <class T, bool kVec>
+__device__ __forceinline__ float key_dot(const float* s_q, const T* k, int32_t dim) {
+  float part[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (kVec) {
+    constexpr int kPer = 16 / sizeof(T);
+    for (int32_t d0 = 0; d0 < dim; d0 += kPer) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(k + d0);
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) part[i & 3] += s_q[d0 + i] * detail::to_float(e[i]);
+    }
+  } else {
+    for (int32_t d = 0; d < dim; ++d) part[d & 3] += s_q[d] * detail::to_float(k[d]);
+  }
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 // Block (t, h): query token t, query head h, kWarps warps. params by value: its pointers are
-// device pointers.
-template <class T, int kWarps>
+// device pointers. Keys go in tiles of 32, a warp per tile (warp w takes tiles w, w + kWarps,
+// ...): each lane scores one key (its whole q.k dot product, so the 32 keys' loads are in
+// flight together), the warp updates its online softmax once per tile, then accumulates the
+// tile's values with lanes over dimensions.
+template <class T, int kWarps, bool kVec>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttentionParams p) {
   constexpr int kThreads = kWarps * 32;
+  __shared__ float s_q[kTreeAttentionMaxHeadDim];
   __shared__ float s_max[kWarps];
   __shared__ float s_sum[kWarps];
   __shared__ float s_out[kWarps][kTreeAttentionMaxHeadDim];
@@ -41,38 +70,39 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
 
   if (tq.seq >= 0) {  // uniform over the block
     const T* q = static_cast<const T*>(p.q) + t * p.q_token_stride + int64_t{h} * dim;
-    float qv[kDimsPerLane];
-#pragma unroll
-    for (int i = 0; i < kDimsPerLane; ++i) {
-      const int d = lane + 32 * i;
-      qv[i] = d < dim ? detail::to_float(q[d]) : 0.f;
-    }
+    for (int32_t d = static_cast<int32_t>(threadIdx.x); d < dim; d += kThreads) s_q[d] = detail::to_float(q[d]);
+    __syncthreads();
     const int64_t head = int64_t{tree_attention_kv_head(p, h)} * dim;
     const int32_t* row = p.block_table + int64_t{tq.seq} * p.table_stride;
     const T* k_cache = static_cast<const T*>(p.k_cache);
     const T* v_cache = static_cast<const T*>(p.v_cache);
-    for (int32_t pos = warp; pos < tq.kv_len; pos += kWarps) {
-      // Both tests depend on pos only, so the whole warp skips together (warp_sum needs all lanes).
-      if (!tree_attention_visible(p, tq, t, pos)) continue;
-      const int64_t slot =
-          paged_kv_slot(row, p.table_width, p.layout.block_size, p.layout.num_pages, pos);
-      if (slot < 0) continue;
-      const int64_t off = kv_row_offset(p.layout, slot) + head;
-      float dot = 0.f;
-#pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < dim) dot += qv[i] * detail::to_float(k_cache[off + d]);
+    for (int32_t base = warp * 32; base < tq.kv_len; base += kThreads) {
+      const int32_t pos = base + lane;
+      long long off = -1;  // this lane's key row, or -1: no key (past kv_len, masked, no slot)
+      if (pos < tq.kv_len && tree_attention_visible(p, tq, t, pos)) {
+        const int64_t slot = paged_kv_slot(row, p.table_width, p.layout.block_size, p.layout.num_pages, pos);
+        if (slot >= 0) off = kv_row_offset(p.layout, slot) + head;
       }
-      const float score = warp_sum(dot) * p.scale;
-      const float m_new = fmaxf(m, score);
+      const float score = off >= 0 ? key_dot<T, kVec>(s_q, k_cache + off, dim) * p.scale : -INFINITY;
+      const float tile_max = warp_max(score);
+      if (tile_max == -INFINITY) continue;  // no key in the tile (uniform: every lane holds the max)
+      const float m_new = fmaxf(m, tile_max);
       const float alpha = expf(m - m_new);  // rescales the old state; 0 at the first key
-      const float beta = expf(score - m_new);
-      l = l * alpha + beta;
+      const float weight = off >= 0 ? expf(score - m_new) : 0.f;
+      l = l * alpha + warp_sum(weight);
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) {
-        const int d = lane + 32 * i;
-        if (d < dim) acc[i] = acc[i] * alpha + beta * detail::to_float(v_cache[off + d]);
+      for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= alpha;
+#pragma unroll 4
+      for (int j = 0; j < 32; ++j) {
+        const float wj = __shfl_sync(0xffffffffu, weight, j);
+        const long long oj = __shfl_sync(0xffffffffu, off, j);
+        if (wj == 0.f) continue;  // uniform: no key, or one whose weight underflows
+        const T* v = v_cache + oj;
+#pragma unroll
+        for (int i = 0; i < kDimsPerLane; ++i) {
+          const int d = lane + 32 * i;
+          if (d < dim) acc[i] += wj * detail::to_float(v[d]);
+        }
       }
       m = m_new;
     }
@@ -108,6 +138,25 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
   }
 }
 
+// Whether every key row the kernel reads is 16-byte aligned with whole vectors: the caches'
+// base addresses, the page and row strides and head_dim (head offsets are multiples of it).
+template <class T>
+bool vector_rows(const TreeAttentionParams& p) {
+  constexpr int64_t kPer = 16 / sizeof(T);
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  return aligned(p.k_cache) && aligned(p.v_cache) && p.layout.head_dim % kPer == 0 &&
+         p.layout.page_stride % kPer == 0;
+}
+
+template <class T, int kWarps>
+void launch(const TreeAttentionParams& p, dim3 grid, cudaStream_t stream) {
+  if (vector_rows<T>(p)) {
+    tree_attention_kernel<T, kWarps, true><<<grid, kWarps * 32, 0, stream>>>(p);
+  } else {
+    tree_attention_kernel<T, kWarps, false><<<grid, kWarps * 32, 0, stream>>>(p);
+  }
+}
+
 }  // namespace
 
 int tree_attention_warps(int64_t blocks, int sm_count) {
@@ -138,9 +187,9 @@ cudaError_t tree_attention(const TreeAttentionParams& p, cudaStream_t stream) {
   return detail::dispatch_kv_dtype(p.dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (many) {
-      tree_attention_kernel<T, kTreeAttentionWarpsMany><<<grid, kTreeAttentionWarpsMany * 32, 0, stream>>>(p);
+      launch<T, kTreeAttentionWarpsMany>(p, grid, stream);
     } else {
-      tree_attention_kernel<T, kTreeAttentionWarpsFew><<<grid, kTreeAttentionWarpsFew * 32, 0, stream>>>(p);
+      launch<T, kTreeAttentionWarpsFew>(p, grid, stream);
     }
     return cudaGetLastError();
   });

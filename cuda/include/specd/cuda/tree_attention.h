@@ -1,19 +1,17 @@
 // CUDA paged tree attention: the rule of specd/tree_attention.h (CPU reference
 // tree_attention_cpu) on the device, on the caller's stream, without host sync.
 //
-// Kernel: one thread block of W warps per (query token, query head). The
-// warps split the request's KV positions (warp w takes w, w + warps, ...); each runs an online
-// softmax over its keys (one key at a time: lanes hold head_dim / 32 dimensions of q and of
-// the running output, the q.k dot product is a warp reduction), then the warps' partial
-// (max, sum, output) are merged through shared memory. Float accumulation for every dtype.
-// Each key costs a warp a dependent chain (loads, a 5-step shuffle reduction, two expf), so a
-// block's latency is about kv_len / W such chains. W (tree_attention_warps): 16 when the grid
-// (tokens x q heads) fits in one wave of 512-thread blocks (4 per SM), else 4. Measured on an
-// H100 (docs/benchmarks.md) for the pair's shapes at a 256-token context: 16 warps cut a batch-1
-// draft step from 2.96 to 1.81 ms and lose from about 560 blocks on (more blocks than fit at
-// once, and a longer merge); 4 warps keep the large batches and prefills as they were.
-// Still a straightforward kernel (no K/V tiling in shared memory, no split over blocks for
-// long histories, GQA heads re-read their K/V through the cache). It is the attention of the
+// Kernel: one thread block of W warps per (query token, query head). The warps split the
+// request's KV positions in tiles of 32 (warp w takes tiles w, w + W, ...). In a tile each lane
+// scores one key: it walks the block table, then reads the key's whole row (16-byte vector
+// loads when rows are aligned, else element loads) against q held in shared memory, so the 32
+// keys' loads are in flight together. The warp then updates its online softmax once per tile
+// (a max and a sum over lanes) and accumulates the tile's values with lanes over dimensions.
+// The warps' partial (max, sum, output) are merged through shared memory. Float accumulation
+// for every dtype. W (tree_attention_warps): 16 when the grid (tokens x q heads) fits in one
+// wave of 512-thread blocks (4 per SM), else 4 (the rule measured on an H100 for the first,
+// key-per-warp version of this kernel; docs/benchmarks.md). No split over blocks for long
+// histories, and GQA heads re-read their K/V through the cache. It is the attention of the
 // graph runners (KernelAttention); the eager plain path keeps torch SDPA.
 //
 // All pointers in `params` are device pointers. Returns cudaSuccess, cudaErrorInvalidValue
