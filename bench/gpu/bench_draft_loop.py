@@ -28,9 +28,15 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
                  of that work without the gaps the host leaves
   kernels/fwd    the GPU kernels of that profiled call / draft forwards (what the graph's launch
                  and its per-kernel gaps scale with)
-  host us/step   wall - gpu: the host-side overhead per draft step (Python, launches, host
-                 synchronisations) that the GPU waits for. Medians over up to 6 draft calls per
-                 run (the first call of a run, which catches the draft up on the prompts, skipped).
+  host us/step   wall - gpu: everything per draft step that is not GPU work (Python, launches,
+                 host synchronisations, and the device-side gaps between kernels). Medians over
+                 up to 6 draft calls per run (the first call of a run, which catches the draft up
+                 on the prompts, skipped). It splits into:
+  exposed host   wall - span (span: the profiled call's first device operation's start to its
+                 last one's end): host time the GPU waits for, before its first operation
+                 (input packing, upload, launch) and after its last (the drafts to the host)
+  device gaps    span - gpu: idle time between the call's device operations (inside a CUDA
+                 graph: the GPU's own scheduling of the next node, about a microsecond each)
   loop host us/step  graph modes only: host time of the graph runner's call inside the
                  probe's wall-clock re-run (inputs packed and copied, graph replayed or loop
                  launched; no synchronisation in it) / the draft forwards it runs (k when
@@ -100,9 +106,10 @@ def random_model(config, dev, dtype):
     return model.to(dtype).eval()
 
 
-def gpu_busy_us(fn) -> tuple[Optional[float], int]:
-    """Microseconds the GPU spends in fn's kernels and copies (union of their intervals, from
-    torch.profiler's CUDA activity; None when the profiler records no device activity) and the
+def gpu_busy_us(fn) -> tuple[Optional[float], Optional[float], int]:
+    """fn's device activity from torch.profiler (CUDA): the microseconds its kernels and copies
+    run (the union of their intervals), the span from the first start to the last end (which
+    adds the device-side gaps between them), both None when nothing was recorded, and the
     number of kernels among them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -115,7 +122,7 @@ def gpu_busy_us(fn) -> tuple[Optional[float], int]:
     kernels = sum(1 for e in events if "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
     spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     if not spans:
-        return None, 0
+        return None, None, 0
     busy, (start, end) = 0.0, spans[0]
     for s, e in spans[1:]:
         if s > end:
@@ -123,7 +130,7 @@ def gpu_busy_us(fn) -> tuple[Optional[float], int]:
             start, end = s, e
         else:
             end = max(end, e)
-    return busy + end - start, kernels
+    return busy + end - start, max(e for _, e in spans) - spans[0][0], kernels
 
 
 class DraftProbe:
@@ -153,13 +160,13 @@ class DraftProbe:
             if self.cuda:
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e6
-            gpu, kernels = None, None
+            gpu, span, kernels = None, None, None
             if self.cuda:
                 try:
-                    gpu, kernels = gpu_busy_us(run)
+                    gpu, span, kernels = gpu_busy_us(run)
                 except Exception as e:  # keep the wall-clock numbers
                     self.errors.append(f"profiler: {type(e).__name__}: {e}")
-            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu,
+            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu, "span_us": span,
                                  "kernels": kernels})
         self.seen += 1
         return self.real(model, pool, items, on_forward, graph)
@@ -168,9 +175,14 @@ class DraftProbe:
         per = lambda key: [s[key] / s["forwards"] for s in self.samples if s[key] is not None]  # noqa: E731
         wall, gpu, kernels = per("wall_us"), per("gpu_us"), per("kernels")
         host = [(s["wall_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["gpu_us"] is not None]
+        # wall - span: the host time the GPU waits for before its first and after its last
+        # operation; span - busy: device-side gaps between the operations of the call
+        exposed = [(s["wall_us"] - s["span_us"]) / s["forwards"] for s in self.samples if s["span_us"] is not None]
+        gaps = [(s["span_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["span_us"] is not None]
         med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
         return {"probe_calls": len(self.samples), "wall_us_per_step": med(wall), "gpu_us_per_step": med(gpu),
-                "host_us_per_step": med(host), "kernels_per_forward": med(kernels)}
+                "host_us_per_step": med(host), "exposed_host_us_per_step": med(exposed),
+                "device_gap_us_per_step": med(gaps), "kernels_per_forward": med(kernels)}
 
 
 class RunnerProbe:
@@ -283,7 +295,8 @@ def fmt(x, width, digits=1) -> str:
 
 HEADER = (f"{'mode':<26} {'layers':>6} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'kernels/fwd':>11} "
           f"{'wall us/step':>12} {'gpu us/step':>11} "
-          f"{'host us/step':>12} {'loop host us/step':>17} {'fill us/step':>12} {'launch us/step':>14} "
+          f"{'host us/step':>12} {'exposed host':>12} {'device gaps':>11} {'loop host us/step':>17} "
+          f"{'fill us/step':>12} {'launch us/step':>14} "
           f"{'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
           f"{'tok/s':>8}  same")
 
@@ -292,7 +305,8 @@ def print_row(r: dict) -> None:
     print(f"{r['mode']:<26} {r['layers']:>6} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
           f"{fmt(r.get('kernels_per_forward'), 11, 0)} "
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
-          f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('loop_host_us_per_step'), 17)} "
+          f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('exposed_host_us_per_step'), 12)} "
+          f"{fmt(r.get('device_gap_us_per_step'), 11)} {fmt(r.get('loop_host_us_per_step'), 17)} "
           f"{fmt(r.get('fill_us_per_step'), 12)} {fmt(r.get('launch_us_per_step'), 14)} "
           f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
           f"{r['same_outputs_as_first_mode']}"
