@@ -20,34 +20,78 @@ __device__ __forceinline__ float warp_max(float x) {
   return x;
 }
 
-// q . k for one key row of `dim` elements at k, q in shared memory (float). kVec: the row is
-// 16-byte aligned and dim a multiple of 16 / sizeof(T) (vector loads); else element loads.
+// q . k for one key row of `dim` elements at k (element loads), q in shared memory (float).
 // Four partial sums keep the FMA chain short.
-template <class T, bool kVec>
+template <class T>
 __device__ __forceinline__ float key_dot(const float* s_q, const T* k, int32_t dim) {
   float part[4] = {0.f, 0.f, 0.f, 0.f};
-  if constexpr (kVec) {
-    constexpr int kPer = 16 / sizeof(T);
-    for (int32_t d0 = 0; d0 < dim; d0 += kPer) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(k + d0);
-      const T* e = reinterpret_cast<const T*>(&raw);
+  for (int32_t d = 0; d < dim; ++d) part[d & 3] += s_q[d] * detail::to_float(k[d]);
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+// The same for a row of exactly kDim elements, 16-byte aligned: 16-byte loads, issued up to
+// eight at a time before their products.
+template <class T, int kDim>
+__device__ __forceinline__ float key_dot_aligned(const float* s_q, const T* k) {
+  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
+  constexpr int kVectors = kDim / kPer;
+  constexpr int kChunk = kVectors < 8 ? kVectors : 8;
+  static_assert(kDim % kPer == 0 && kVectors % kChunk == 0, "whole 16-byte vectors");
+  float part[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint4* src = reinterpret_cast<const uint4*>(k);
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) part[i & 3] += s_q[d0 + i] * detail::to_float(e[i]);
+  for (int c0 = 0; c0 < kVectors; c0 += kChunk) {
+    uint4 raw[kChunk];
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) raw[c] = __ldg(src + c0 + c);
+#pragma unroll
+    for (int c = 0; c < kChunk; ++c) {
+      const T* e = reinterpret_cast<const T*>(&raw[c]);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) part[i & 3] += s_q[(c0 + c) * kPer + i] * detail::to_float(e[i]);
     }
-  } else {
-    for (int32_t d = 0; d < dim; ++d) part[d & 3] += s_q[d] * detail::to_float(k[d]);
   }
   return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+// kN consecutive elements at src (aligned to min(16, kN * sizeof(T)) bytes) as floats.
+template <class T, int kN>
+__device__ __forceinline__ void load_floats(const T* src, float (&out)[kN]) {
+  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
+  if constexpr (kBytes >= 16) {
+    static_assert(kBytes % 16 == 0, "whole 16-byte vectors");
+    uint4 raw[kBytes / 16];
+#pragma unroll
+    for (int c = 0; c < kBytes / 16; ++c) raw[c] = __ldg(reinterpret_cast<const uint4*>(src) + c);
+    const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
+  } else {
+    static_assert(kBytes == 4, "4, 8 or a multiple of 16 bytes");
+    const unsigned raw = __ldg(reinterpret_cast<const unsigned*>(src));
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
+  }
 }
 
 // Block (t, h): query token t, query head h, kWarps warps. params by value: its pointers are
 // device pointers. Keys go in tiles of 32, a warp per tile (warp w takes tiles w, w + kWarps,
 // ...): each lane scores one key (its whole q.k dot product, so the 32 keys' loads are in
 // flight together), the warp updates its online softmax once per tile, then accumulates the
-// tile's values with lanes over dimensions.
-template <class T, int kWarps, bool kVec>
+// tile's values with lanes over dimensions, loading eight keys' values before using them.
+// kDpl: 0, any head_dim, lane holds dims lane + 32 i (element loads); 2, 4 or 8: head_dim is
+// exactly 32 kDpl and rows are aligned (aligned_lane_dims), lane holds dims [kDpl lane, kDpl lane +
+// kDpl) and loads them with one vector load per key.
+template <class T, int kWarps, int kDpl>
 __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttentionParams p) {
   constexpr int kThreads = kWarps * 32;
+  constexpr int kLaneDims = kDpl > 0 ? kDpl : kDimsPerLane;
   __shared__ float s_q[kTreeAttentionMaxHeadDim];
   __shared__ float s_max[kWarps];
   __shared__ float s_sum[kWarps];
@@ -59,14 +103,16 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
   const int warp = static_cast<int>(threadIdx.x) >> 5;
   const int32_t dim = p.layout.head_dim;
   const TreeQuery tq = tree_attention_query(p, t);
+  // Dimension i of this lane (kLaneDims of them; >= dim: none).
+  const auto lane_dim = [&](int i) { return kDpl > 0 ? kDpl * lane + i : lane + 32 * i; };
 
   // Online softmax state of this warp over its keys: running max m, sum l of exp(score - m),
   // and acc = sum of exp(score - m) * v (lane's dimensions). m = -inf until the first key.
   float m = -INFINITY;
   float l = 0.f;
-  float acc[kDimsPerLane];
+  float acc[kLaneDims];
 #pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) acc[i] = 0.f;
+  for (int i = 0; i < kLaneDims; ++i) acc[i] = 0.f;
 
   if (tq.seq >= 0) {  // uniform over the block
     const T* q = static_cast<const T*>(p.q) + t * p.q_token_stride + int64_t{h} * dim;
@@ -83,7 +129,14 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
         const int64_t slot = paged_kv_slot(row, p.table_width, p.layout.block_size, p.layout.num_pages, pos);
         if (slot >= 0) off = kv_row_offset(p.layout, slot) + head;
       }
-      const float score = off >= 0 ? key_dot<T, kVec>(s_q, k_cache + off, dim) * p.scale : -INFINITY;
+      float score = -INFINITY;
+      if (off >= 0) {
+        if constexpr (kDpl > 0) {
+          score = key_dot_aligned<T, 32 * kDpl>(s_q, k_cache + off) * p.scale;
+        } else {
+          score = key_dot(s_q, k_cache + off, dim) * p.scale;
+        }
+      }
       const float tile_max = warp_max(score);
       if (tile_max == -INFINITY) continue;  // no key in the tile (uniform: every lane holds the max)
       const float m_new = fmaxf(m, tile_max);
@@ -91,32 +144,50 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
       const float weight = off >= 0 ? expf(score - m_new) : 0.f;
       l = l * alpha + warp_sum(weight);
 #pragma unroll
-      for (int i = 0; i < kDimsPerLane; ++i) acc[i] *= alpha;
-#pragma unroll 4
-      for (int j = 0; j < 32; ++j) {
-        const float wj = __shfl_sync(0xffffffffu, weight, j);
-        const long long oj = __shfl_sync(0xffffffffu, off, j);
-        if (wj == 0.f) continue;  // uniform: no key, or one whose weight underflows
-        const T* v = v_cache + oj;
+      for (int i = 0; i < kLaneDims; ++i) acc[i] *= alpha;
+      // Eight keys at a time: their weights and rows from the lanes that scored them, all
+      // eight loads issued, then the products (a key without a row contributes zeros).
 #pragma unroll
-        for (int i = 0; i < kDimsPerLane; ++i) {
-          const int d = lane + 32 * i;
-          if (d < dim) acc[i] += wj * detail::to_float(v[d]);
+      for (int j0 = 0; j0 < 32; j0 += 8) {
+        float w8[8];
+        float v8[8][kLaneDims];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          w8[u] = __shfl_sync(0xffffffffu, weight, j0 + u);
+          const long long o = __shfl_sync(0xffffffffu, off, j0 + u);
+          if constexpr (kDpl > 0) {
+            if (o >= 0) {
+              load_floats<T, kDpl>(v_cache + o + kDpl * lane, v8[u]);
+            } else {
+#pragma unroll
+              for (int i = 0; i < kLaneDims; ++i) v8[u][i] = 0.f;
+            }
+          } else {
+#pragma unroll
+            for (int i = 0; i < kLaneDims; ++i) {
+              const int d = lane_dim(i);
+              v8[u][i] = (o >= 0 && d < dim) ? detail::to_float(v_cache[o + d]) : 0.f;
+            }
+          }
         }
+#pragma unroll
+        for (int u = 0; u < 8; ++u)
+#pragma unroll
+          for (int i = 0; i < kLaneDims; ++i) acc[i] += w8[u] * v8[u][i];
       }
       m = m_new;
     }
   }
 
-  // Merge the warps: out = sum_w e^(m_w - M) acc_w / sum_w e^(m_w - M) l_w, M = max_w m_w over
+// Merge the warps: out = sum_w e^(m_w - M) acc_w / sum_w e^(m_w - M) l_w, M = max_w m_w over
   // warps that saw a key (l_w > 0: l >= 1 once a key is seen). No key at all: zeros.
   if (lane == 0) {
     s_max[warp] = m;
     s_sum[warp] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) {
-    const int d = lane + 32 * i;
+  for (int i = 0; i < kLaneDims; ++i) {
+    const int d = lane_dim(i);
     if (d < dim) s_out[warp][d] = acc[i];
   }
   __syncthreads();
@@ -138,22 +209,26 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
   }
 }
 
-// Whether every key row the kernel reads is 16-byte aligned with whole vectors: the caches'
-// base addresses, the page and row strides and head_dim (head offsets are multiples of it).
+// Lanes' dims of the aligned kernel for this launch: 2, 4 or 8 when head_dim is 64, 128 or
+// 256 and every K/V row the kernel reads starts 16 bytes aligned (the caches' base addresses
+// and the page stride; rows and heads are multiples of head_dim); else 0 (element loads).
 template <class T>
-bool vector_rows(const TreeAttentionParams& p) {
+int aligned_lane_dims(const TreeAttentionParams& p) {
   constexpr int64_t kPer = 16 / sizeof(T);
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return aligned(p.k_cache) && aligned(p.v_cache) && p.layout.head_dim % kPer == 0 &&
-         p.layout.page_stride % kPer == 0;
+  const int32_t dim = p.layout.head_dim;
+  if (!(dim == 64 || dim == 128 || dim == 256)) return 0;
+  if (!aligned(p.k_cache) || !aligned(p.v_cache) || p.layout.page_stride % kPer != 0) return 0;
+  return dim / 32;
 }
 
 template <class T, int kWarps>
 void launch(const TreeAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  if (vector_rows<T>(p)) {
-    tree_attention_kernel<T, kWarps, true><<<grid, kWarps * 32, 0, stream>>>(p);
-  } else {
-    tree_attention_kernel<T, kWarps, false><<<grid, kWarps * 32, 0, stream>>>(p);
+  switch (aligned_lane_dims<T>(p)) {
+    case 2: tree_attention_kernel<T, kWarps, 2><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case 4: tree_attention_kernel<T, kWarps, 4><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    case 8: tree_attention_kernel<T, kWarps, 8><<<grid, kWarps * 32, 0, stream>>>(p); break;
+    default: tree_attention_kernel<T, kWarps, 0><<<grid, kWarps * 32, 0, stream>>>(p); break;
   }
 }
 
