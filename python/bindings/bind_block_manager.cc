@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -214,6 +215,28 @@ void bind_block_manager(py::module_& m) {
            },
            py::arg("seqs"), model0, py::arg("width") = 0, py::arg("pad") = 0,
            "int32 [n, width] block table, zero-copy; width 0 means the widest sequence.")
+      .def("block_table_into",
+           [](const BM& b, const InArray<int64_t>& seqs, py::array_t<int64_t, py::array::c_style> out,
+              const ModelArg& mi, int32_t pad) {
+             if (out.ndim() != 2)
+               raise_status(error_status(StatusCode::kInvalidArgument, "block_table_into: out must be 2-D, got ",
+                                         out.ndim(), " dimensions"));
+             Span<const SeqId> ids = as_span(seqs, "seqs");
+             const auto rows = static_cast<std::size_t>(out.shape(0));
+             const auto width = static_cast<int32_t>(out.shape(1));
+             if (ids.size() > rows)
+               raise_status(error_status(StatusCode::kInvalidArgument, "block_table_into: ", ids.size(),
+                                         " sequences but out has ", rows, " rows"));
+             std::vector<int32_t> table;
+             int32_t out_width = 0;
+             if (!ids.empty()) check(b.get().export_padded(b.model(mi), ids, width, pad, &table, &out_width));
+             int64_t* dst = out.mutable_data();
+             std::copy(table.begin(), table.end(), dst);
+             std::fill(dst + table.size(), dst + rows * static_cast<std::size_t>(width), int64_t{pad});
+           },
+           py::arg("seqs"), py::arg("out"), model0, py::arg("pad") = 0,
+           "Writes the int64 [rows, width] array `out`: row i < len(seqs) is seqs[i]'s block table padded "
+           "with `pad` (as block_table_padded with out's width), the rows past them all `pad`.")
       .def("kv_lens",
            [](const BM& b, const InArray<int64_t>& seqs, const ModelArg& mi) {
              std::vector<int32_t> out;

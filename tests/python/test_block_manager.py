@@ -176,6 +176,17 @@ def test_exports_are_zero_copy_and_outlive_the_manager():
     assert bm.block_table_padded([2], width=5).tolist() == [[2, 0, 0, 0, 0]]
     with pytest.raises(errors.InvalidArgumentError, match="width 2"):
         bm.block_table_padded([1, 2], width=2)
+    out = np.full((4, 5), 7, dtype=np.int64)  # a staging buffer with more rows than sequences
+    bm.block_table_into([2, 1], out, pad=-1)
+    assert out.tolist() == [[2, -1, -1, -1, -1], [0, 1, 3, -1, -1], [-1] * 5, [-1] * 5]
+    bm.block_table_into([], out, pad=-2)
+    assert out.tolist() == [[-2] * 5] * 4
+    with pytest.raises(errors.InvalidArgumentError, match="width 2"):
+        bm.block_table_into([1], np.zeros((1, 2), dtype=np.int64))
+    with pytest.raises(errors.InvalidArgumentError, match="3 sequences but out has 2 rows"):
+        bm.block_table_into([1, 2, 3], np.zeros((2, 5), dtype=np.int64))
+    with pytest.raises(errors.InvalidArgumentError, match="2-D"):
+        bm.block_table_into([1], np.zeros(5, dtype=np.int64))
     assert bm.kv_lens([1, 2, 3]).tolist() == [9, 4, 0]
     for arr in (indptr, indices, last, table):
         assert not arr.flags["OWNDATA"] and arr.base is not None  # memory owned by C++

@@ -137,6 +137,8 @@ class _Inputs(PackedStaging):
         if width:
             self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)
             self.query_start = torch.arange(0, batch * width + 1, width, dtype=torch.int32, device=device)
+            # forward 0's fields, adjacent in the staging from "ids" on, as one packed record
+            self.catch_up = struct.Struct(f"={3 * batch * width + 2 * batch}q")
 
 
 class DraftGraphRunner:
@@ -283,7 +285,7 @@ class DraftGraphRunner:
         """Inputs of ``items`` (requests past them: inactive padding), copied to the device.
         Host work on every draft call: rows are packed with one ``struct.pack_into`` each
         (floats as their float64 bits, no numpy scalars), forward 0's fields built as Python
-        lists and stored with one numpy assignment per field."""
+        lists and packed with one more (they are adjacent in the staging)."""
         inp.begin()  # the previous run's copy has left the pinned staging
         f, n, w = inp.fields, len(items), inp.width
         batch = len(f["rows"])
@@ -294,11 +296,7 @@ class DraftGraphRunner:
             _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, int(p.greedy),
                            1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.top_k, req.rng_seed & _MASK,
                            (req.rng_seed >> 32) & _MASK, req.rng_request & _MASK)
-        table = f["table"]
-        if n:
-            table[:n] = self.pool.blocks.block_table_padded([it.request.id for it in items], model=DRAFT,
-                                                            width=self.config.max_blocks, pad=-1)
-        table[n:] = -1
+        self.pool.blocks.block_table_into([it.request.id for it in items], f["table"], model=DRAFT, pad=-1)
         if w:
             # Dummy requests: no history, no pages, nothing visible (kv_len w, slots -1).
             ids, positions, slots = [0] * (batch * w), [0] * (batch * w), [-1] * (batch * w)
@@ -313,8 +311,7 @@ class DraftGraphRunner:
                 slots[base:base + c] = it.draft_slots[:c].tolist()
                 kv_lens[i] = start + w
                 logits_index[i] = base + c - 1
-            f["ids"][:], f["positions"][:], f["slots"][:] = ids, positions, slots
-            f["kv_lens"][:], f["logits_index"][:] = kv_lens, logits_index
+            inp.catch_up.pack_into(raw, inp.byte_offset["ids"], *ids, *positions, *slots, *logits_index, *kv_lens)
         inp.upload()
 
     def _body(self, buf: _Buffers, inp: _Inputs, steps: int, sampling: bool) -> None:

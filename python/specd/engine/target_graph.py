@@ -174,7 +174,6 @@ class TargetGraphRunner:
         f["logits_index"].fill(0)
         f["tree_mask"].fill(0)
         f["kv_lens"].fill(q)  # dummy requests: no history, nothing visible
-        f["block_table"].fill(-1)
         rows = 0
         for i, it in enumerate(items):
             tree = trees[it.request.id]
@@ -188,9 +187,7 @@ class TargetGraphRunner:
             f["kv_lens"][i] = history + q
             f["logits_index"][rows:rows + size] = np.arange(base, base + size)
             rows += size
-        if items:
-            f["block_table"][:len(items)] = self.pool.blocks.block_table_padded(
-                [it.request.id for it in items], model=TARGET, width=self.config.max_blocks, pad=-1)
+        self.pool.blocks.block_table_into([it.request.id for it in items], f["block_table"], model=TARGET, pad=-1)
         buf.upload()
         return rows
 
