@@ -234,7 +234,7 @@ void bind_block_manager(py::module_& m) {
              std::copy(table.begin(), table.end(), dst);
              std::fill(dst + table.size(), dst + rows * static_cast<std::size_t>(width), int64_t{pad});
            },
-           py::arg("seqs"), py::arg("out"), model0, py::arg("pad") = 0,
+           py::arg("seqs"), py::arg("out").noconvert(), model0, py::arg("pad") = 0,
            "Writes the int64 [rows, width] array `out`: row i < len(seqs) is seqs[i]'s block table padded "
            "with `pad` (as block_table_padded with out's width), the rows past them all `pad`.")
       .def("kv_lens",

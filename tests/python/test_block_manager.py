@@ -187,6 +187,9 @@ def test_exports_are_zero_copy_and_outlive_the_manager():
         bm.block_table_into([1, 2, 3], np.zeros((2, 5), dtype=np.int64))
     with pytest.raises(errors.InvalidArgumentError, match="2-D"):
         bm.block_table_into([1], np.zeros(5, dtype=np.int64))
+    for wrong in (np.zeros((4, 5), dtype=np.int32), np.zeros((5, 4), dtype=np.int64).T):  # never a copy
+        with pytest.raises(TypeError):
+            bm.block_table_into([1], wrong)
     assert bm.kv_lens([1, 2, 3]).tolist() == [9, 4, 0]
     for arr in (indptr, indices, last, table):
         assert not arr.flags["OWNDATA"] and arr.base is not None  # memory owned by C++
