@@ -32,11 +32,14 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
                  host synchronisations, and the device-side gaps between kernels). Medians over
                  up to 6 draft calls per run (the first call of a run, which catches the draft up
                  on the prompts, skipped). It splits into:
-  exposed host   wall - span (span: the profiled call's first device operation's start to its
-                 last one's end): host time the GPU waits for, before its first operation
-                 (input packing, upload, launch) and after its last (the drafts to the host)
-  device gaps    span - gpu: idle time between the call's device operations (inside a CUDA
-                 graph: the GPU's own scheduling of the next node, about a microsecond each)
+  device us/step graph modes: the call re-run once more, the GPU first kept busy (a ~5 ms
+                 sleep kernel) while the host packs, uploads and launches; CUDA events
+                 recorded around the runner's call then time its device work alone (upload,
+                 graphs, the GPU's own gaps between nodes), none of the host's time in it
+  exposed host   wall - device: host time the GPU waits for (input packing, upload, launch
+                 latency, the drafts copied to the host, Python around them)
+  device gaps    device - gpu: idle time between the call's device operations (inside a CUDA
+                 graph: the GPU scheduling the next node)
   loop host us/step  graph modes only: host time of the graph runner's call inside the
                  probe's wall-clock re-run (inputs packed and copied, graph replayed or loop
                  launched; no synchronisation in it) / the draft forwards it runs (k when
@@ -76,6 +79,7 @@ MODES = ("eager loop", "graph runner, eager", "graph runner, one graph", "graph 
          "draft + target graphs")
 GRAPH_MODES = (MODES[2], MODES[3], MODES[4])  # with --torch-layers: run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
+SLEEP_CYCLES = 10_000_000  # ~5 ms of GPU clock: longer than a draft call's host work
 
 
 def configs(smoke: bool = False):
@@ -106,10 +110,9 @@ def random_model(config, dev, dtype):
     return model.to(dtype).eval()
 
 
-def gpu_busy_us(fn) -> tuple[Optional[float], Optional[float], int]:
-    """fn's device activity from torch.profiler (CUDA): the microseconds its kernels and copies
-    run (the union of their intervals), the span from the first start to the last end (which
-    adds the device-side gaps between them), both None when nothing was recorded, and the
+def gpu_busy_us(fn) -> tuple[Optional[float], int]:
+    """Microseconds the GPU spends in fn's kernels and copies (union of their intervals, from
+    torch.profiler's CUDA activity; None when the profiler records no device activity) and the
     number of kernels among them."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -122,7 +125,7 @@ def gpu_busy_us(fn) -> tuple[Optional[float], Optional[float], int]:
     kernels = sum(1 for e in events if "memcpy" not in e.name.lower() and "memset" not in e.name.lower())
     spans = sorted((e.time_range.start, e.time_range.end) for e in events)
     if not spans:
-        return None, None, 0
+        return None, 0
     busy, (start, end) = 0.0, spans[0]
     for s, e in spans[1:]:
         if s > end:
@@ -130,7 +133,7 @@ def gpu_busy_us(fn) -> tuple[Optional[float], Optional[float], int]:
             start, end = s, e
         else:
             end = max(end, e)
-    return busy + end - start, max(e for _, e in spans) - spans[0][0], kernels
+    return busy + end - start, kernels
 
 
 class DraftProbe:
@@ -160,13 +163,18 @@ class DraftProbe:
             if self.cuda:
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e6
-            gpu, span, kernels = None, None, None
+            gpu, kernels, device = None, None, None
             if self.cuda:
                 try:
-                    gpu, span, kernels = gpu_busy_us(run)
+                    gpu, kernels = gpu_busy_us(run)
                 except Exception as e:  # keep the wall-clock numbers
                     self.errors.append(f"profiler: {type(e).__name__}: {e}")
-            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu, "span_us": span,
+                if self.loop_probe is not None:  # the runner's device time, its host work hidden
+                    self.loop_probe.measure_device = True
+                    run()
+                    self.loop_probe.measure_device = False
+                    device = self.loop_probe.device_us(forwards)
+            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu, "device_us": device,
                                  "kernels": kernels})
         self.seen += 1
         return self.real(model, pool, items, on_forward, graph)
@@ -175,13 +183,16 @@ class DraftProbe:
         per = lambda key: [s[key] / s["forwards"] for s in self.samples if s[key] is not None]  # noqa: E731
         wall, gpu, kernels = per("wall_us"), per("gpu_us"), per("kernels")
         host = [(s["wall_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["gpu_us"] is not None]
-        # wall - span: the host time the GPU waits for before its first and after its last
-        # operation; span - busy: device-side gaps between the operations of the call
-        exposed = [(s["wall_us"] - s["span_us"]) / s["forwards"] for s in self.samples if s["span_us"] is not None]
-        gaps = [(s["span_us"] - s["gpu_us"]) / s["forwards"] for s in self.samples if s["span_us"] is not None]
+        # wall - device: the host time the GPU waits for; device - busy: device-side gaps
+        # between the call's operations (module doc)
+        timed = [s for s in self.samples if s["device_us"] is not None and s["gpu_us"] is not None]
+        exposed = [(s["wall_us"] - s["device_us"]) / s["forwards"] for s in timed]
+        gaps = [(s["device_us"] - s["gpu_us"]) / s["forwards"] for s in timed]
+        device = [s["device_us"] / s["forwards"] for s in timed]
         med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
         return {"probe_calls": len(self.samples), "wall_us_per_step": med(wall), "gpu_us_per_step": med(gpu),
-                "host_us_per_step": med(host), "exposed_host_us_per_step": med(exposed),
+                "host_us_per_step": med(host), "device_us_per_step": med(device),
+                "exposed_host_us_per_step": med(exposed),
                 "device_gap_us_per_step": med(gaps), "kernels_per_forward": med(kernels)}
 
 
@@ -195,6 +206,8 @@ class RunnerProbe:
         self.real_fill, self.real_replay = None, None
         self.fill_us = self.replay_us = 0.0  # inside the current probed call
         self.replays = 0
+        self.measure_device = False  # time the next call's device work (device_us)
+        self.device_events = None    # (start, end, forwards run) of that call
 
     def reset(self, enabled: bool) -> None:
         self.enabled, self.samples = enabled, []
@@ -207,10 +220,20 @@ class RunnerProbe:
         def run(runner, items, first_tokens=None, on_forward=None):
             probe.fill_us = probe.replay_us = 0.0
             probe.replays = 0
+            steps = max(it.k for it in items) - (0 if first_tokens is None else 1)
+            if probe.measure_device:
+                # The GPU sleeps while the host packs and launches, so the events bracket the
+                # call's device work (upload, graphs) with none of the host's time in it.
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda._sleep(SLEEP_CYCLES)
+                start.record()
+                out = probe.real(runner, items, first_tokens, on_forward)
+                end.record()
+                probe.device_events = (start, end, steps)
+                return out
             t0 = time.perf_counter()
             out = probe.real(runner, items, first_tokens, on_forward)
             if probe.enabled:
-                steps = max(it.k for it in items) - (0 if first_tokens is None else 1)
                 probe.samples.append(((time.perf_counter() - t0) * 1e6, steps, probe.fill_us, probe.replay_us,
                                       probe.replays))
             return out
@@ -227,6 +250,16 @@ class RunnerProbe:
             probe.replays += 1
 
         cls.run, cls._fill, torch.cuda.CUDAGraph.replay = run, fill, replay
+
+    def device_us(self, forwards: int) -> Optional[float]:
+        """Device microseconds of the last call timed with measure_device (synchronises), when
+        the runner ran all ``forwards`` forwards of it (else None: forward 0 ran eagerly)."""
+        if self.device_events is None:
+            return None
+        start, end, steps = self.device_events
+        self.device_events = None
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e3 if steps == forwards else None
 
     def uninstall(self, cls) -> None:
         cls.run, cls._fill, torch.cuda.CUDAGraph.replay = self.real, self.real_fill, self.real_replay
@@ -295,7 +328,8 @@ def fmt(x, width, digits=1) -> str:
 
 HEADER = (f"{'mode':<26} {'layers':>6} {'batch':>5} {'k':>3} {'draft ms/fwd':>12} {'kernels/fwd':>11} "
           f"{'wall us/step':>12} {'gpu us/step':>11} "
-          f"{'host us/step':>12} {'exposed host':>12} {'device gaps':>11} {'loop host us/step':>17} "
+          f"{'host us/step':>12} {'device us/step':>14} {'exposed host':>12} {'device gaps':>11} "
+          f"{'loop host us/step':>17} "
           f"{'fill us/step':>12} {'launch us/step':>14} "
           f"{'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
           f"{'tok/s':>8}  same")
@@ -305,7 +339,8 @@ def print_row(r: dict) -> None:
     print(f"{r['mode']:<26} {r['layers']:>6} {r['batch']:>5} {r['k']:>3} {fmt(r['draft_ms_per_forward'], 12, 3)} "
           f"{fmt(r.get('kernels_per_forward'), 11, 0)} "
           f"{fmt(r.get('wall_us_per_step'), 12)} {fmt(r.get('gpu_us_per_step'), 11)} "
-          f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('exposed_host_us_per_step'), 12)} "
+          f"{fmt(r.get('host_us_per_step'), 12)} {fmt(r.get('device_us_per_step'), 14)} "
+          f"{fmt(r.get('exposed_host_us_per_step'), 12)} "
           f"{fmt(r.get('device_gap_us_per_step'), 11)} {fmt(r.get('loop_host_us_per_step'), 17)} "
           f"{fmt(r.get('fill_us_per_step'), 12)} {fmt(r.get('launch_us_per_step'), 14)} "
           f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
