@@ -221,7 +221,7 @@ class RunnerProbe:
             probe.fill_us = probe.replay_us = 0.0
             probe.replays = 0
             steps = max(it.k for it in items) - (0 if first_tokens is None else 1)
-            if probe.measure_device:
+            if probe.measure_device and runner.capture:  # (eager: the launches would outlast the sleep)
                 # The GPU sleeps while the host packs and launches, so the events bracket the
                 # call's device work (upload, graphs) with none of the host's time in it.
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
