@@ -174,8 +174,8 @@ class DraftProbe:
                     run()
                     self.loop_probe.measure_device = False
                     device = self.loop_probe.device_us(forwards)
-            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu, "device_us": device,
-                                 "kernels": kernels})
+            self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu,
+                                 "device_us": device, "kernels": kernels})
         self.seen += 1
         return self.real(model, pool, items, on_forward, graph)
 

@@ -23,10 +23,10 @@ Nothing in it reads a value on the host, so on CUDA :class:`DraftGraphRunner` ca
 copy of a packed int64 buffer (per-row fields, block tables, forward 0's ids / positions /
 slots / logits rows / kv_lens). By default each forward is its own graph: the head (inputs
 into the bucket's buffers, then forward 0 when W > 0) per (bucket, W, sampling), and forward
-j per (bucket, j, sampling), shared by every k and W. The GPU starts on the head while the
-host launches the next graph, so the host's launch work (about half a microsecond per
-kernel node) overlaps the GPU's instead of preceding it. ``graph_per_forward=False``
-captures the whole call as one graph per (bucket, W, k, sampling). A catch-up wider than
+j per (bucket, j, sampling), shared by every k and W, so far fewer graphs are captured.
+``graph_per_forward=False`` captures the whole call as one graph per (bucket, W, k,
+sampling); on an H100 both measured the same host overhead per draft step (the GPU starts on
+a large graph before its launch returns; docs/benchmarks.md). A catch-up wider than
 ``max_catch_up`` (after a prefill) runs forward 0 eagerly in run_draft and forwards 1..k-1
 here (W = 0). On CPU the same code runs eagerly (used to test it against the plain loop).
 
@@ -361,30 +361,30 @@ class DraftGraphRunner:
     def _graphs_for(self, batch: int, width: int, steps: int, sampling: bool) -> list[torch.cuda.CUDAGraph]:
         """The graphs a call replays in order, captured on first use (before the call's inputs
         are filled in: captures run with every request inactive and write no KV)."""
-        buf = self._buffers_for(batch, sampling)
+        buf, inp = self._buffers_for(batch, sampling), self._inputs_for(batch, width)
         if not self.config.graph_per_forward:
-            inp = self._inputs_for(batch, width)
             return [self._captured(("call", batch, width, steps, sampling), inp,
                                    lambda: self._body(buf, inp, steps, sampling))]
-        inp = self._inputs_for(batch, width)
         graphs = [self._captured(("head", batch, width, sampling), inp, lambda: self._head(buf, inp, sampling))]
         idle = self._inputs_for(batch, 0)
         for j in range(1, steps):
             graphs.append(self._captured(("forward", batch, j, sampling), idle,
-                                         lambda j=j: self._forward(buf, j, sampling), head=True))
+                                         lambda j=j: self._forward(buf, j, sampling), prime=True))
         return graphs
 
-    def _captured(self, key: tuple, inp: _Inputs, body: Callable[[], None], head: bool = False) -> torch.cuda.CUDAGraph:
+    def _captured(self, key: tuple, inp: _Inputs, body: Callable[[], None],
+                  prime: bool = False) -> torch.cuda.CUDAGraph:
         """The graph of ``key``, capturing ``body`` first if needed. ``inp`` is filled with no
-        request (every row inactive) first; ``head``: run the head eagerly on it before the
-        capture, so that the bucket's buffers hold inactive rows too."""
+        request first (every row inactive: the warm-up and the capture write no KV); ``prime``:
+        run the head eagerly on it before the capture, so that the bucket's buffers, which a
+        forward graph reads, hold inactive rows too."""
         graph = self._graphs.get(key)
         if graph is not None:
             return graph
         buf = self._buffers[key[1]]
         self._fill(inp, [])
         buf.tokens.zero_()
-        if head:
+        if prime:
             self._head(buf, inp, sampling=False)
         graph, self._mempool = capture_graph(body, self.device, self._mempool)
         self._graphs[key] = graph
