@@ -2,6 +2,7 @@
 
 #include <cmath>  // INFINITY
 #include <cstdint>
+#include <type_traits>
 
 #include "detail/kv_dtype.cuh"
 
@@ -54,30 +55,20 @@ __device__ __forceinline__ float key_dot_aligned(const float* s_q, const T* k) {
   return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
-// kN consecutive elements at src (aligned to min(16, kN * sizeof(T)) bytes) as floats.
+// kN consecutive elements at src (aligned to min(16, kN * sizeof(T)) bytes) as floats: one
+// load of 4 or 8 bytes, or 16-byte loads.
 template <class T, int kN>
 __device__ __forceinline__ void load_floats(const T* src, float (&out)[kN]) {
   constexpr int kBytes = kN * static_cast<int>(sizeof(T));
-  if constexpr (kBytes >= 16) {
-    static_assert(kBytes % 16 == 0, "whole 16-byte vectors");
-    uint4 raw[kBytes / 16];
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes % 16 == 0, "4, 8 or a multiple of 16 bytes");
+  using Word = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
+  constexpr int kWords = kBytes < 16 ? 1 : kBytes / 16;
+  Word raw[kWords];
 #pragma unroll
-    for (int c = 0; c < kBytes / 16; ++c) raw[c] = __ldg(reinterpret_cast<const uint4*>(src) + c);
-    const T* e = reinterpret_cast<const T*>(raw);
+  for (int c = 0; c < kWords; ++c) raw[c] = __ldg(reinterpret_cast<const Word*>(src) + c);
+  const T* e = reinterpret_cast<const T*>(raw);
 #pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
-  } else if constexpr (kBytes == 8) {
-    const uint2 raw = __ldg(reinterpret_cast<const uint2*>(src));
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
-  } else {
-    static_assert(kBytes == 4, "4, 8 or a multiple of 16 bytes");
-    const unsigned raw = __ldg(reinterpret_cast<const unsigned*>(src));
-    const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
-  }
+  for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
 }
 
 // Block (t, h): query token t, query head h, kWarps warps. params by value: its pointers are

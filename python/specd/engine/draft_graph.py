@@ -112,7 +112,8 @@ class _Buffers:
         # The run's per-row fields, copied in by the head: what forwards j >= 1 read (their
         # graphs are shared by every catch-up width, so they cannot read one width's inputs).
         self.rows = torch.zeros((batch, _COLUMNS), dtype=torch.int64, device=device)  # [B, _COLUMNS]
-        self.floats = torch.zeros((batch, 3), dtype=torch.float64, device=device)     # temperature, top_p, min_p
+        self.float_bits = torch.zeros((batch, 3), dtype=torch.int64, device=device)  # temperature, top_p, min_p
+        self.floats = self.float_bits.view(torch.float64)  # the same [B, 3] as float64 (a view)
         self.num_steps = torch.zeros(batch, dtype=torch.int32, device=device)       # [B] each row's k
         # Row j: forward j's samples (row 0: forward 0's, written by the catch-up or copied in).
         self.tokens = torch.zeros((steps, batch), dtype=torch.int64, device=device)
@@ -328,7 +329,7 @@ class DraftGraphRunner:
         rows = d["rows"]
         buf.table.copy_(d["table"])  # int64 -> int32, on the device
         buf.rows.copy_(rows)
-        buf.floats.copy_(rows[:, _TEMPERATURE:_MIN_P + 1].contiguous().view(torch.float64))
+        buf.float_bits.copy_(rows[:, _TEMPERATURE:_MIN_P + 1])  # one strided copy; buf.floats views it
         buf.positions.copy_(rows[:, _START])
         buf.num_steps.copy_(rows[:, _NUM_STEPS])  # int64 -> int32
         if inp.width:
