@@ -44,3 +44,25 @@ def auto_dtype(device: Optional[str] = None) -> str:
 
 def resolve_dtype(dtype: str, device: Optional[str] = None) -> str:
     return auto_dtype(device) if dtype == "auto" else dtype
+
+
+def resolve_device(device: str = "auto") -> str:
+    """A device string for models and KV cache: "auto" is "cuda" when torch sees a GPU, else
+    "cpu"; "cpu", "cuda" and "cuda:N" are checked against what this machine has, so that a
+    request for a missing GPU fails here with a clear message instead of deep inside a load."""
+    from specd.errors import InvalidArgumentError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return device
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        if not torch.cuda.is_available():
+            raise InvalidArgumentError(f"device {device!r}: torch sees no CUDA GPU on this machine "
+                                       f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use 'cpu'")
+        index = int(device[5:]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise InvalidArgumentError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA "
+                                       f"device(s)")
+        return device
+    raise InvalidArgumentError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}")

@@ -370,3 +370,15 @@ def test_cli_simulated_with_a_measured_gpu_profile(tiny_llama_dir, tiny_llama_dr
     assert data["synthetic"] is True and "TEST GPU" in data["profile_source"]
     bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--gpu-profile", tmp_path / "nope.json")
     assert bad.returncode == 2 and "cannot read the GPU profile" in bad.stderr
+
+
+def test_cli_rate_multiples(tiny_llama_dir, tmp_path, monkeypatch):
+    """--rate-multiples: rates as multiples of the measured single-request rate."""
+    monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
+    r = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--method", "ngram", "--requests", "3",
+                "--max-tokens", "6", "--rate-multiples", "1,4", "--max-num-seqs", "3", "--json", tmp_path / "m.json")
+    assert r.returncode == 0, r.stderr
+    rates = json.loads((tmp_path / "m.json").read_text())["rates"]
+    assert len(rates) == 2 and rates[1] == pytest.approx(4 * rates[0])
+    bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--rates", "1", "--rate-multiples", "2")
+    assert bad.returncode == 2 and "not both" in bad.stderr

@@ -15,7 +15,8 @@ import torch
 
 from specd.engine.llm import LLM
 from specd.engine.params import SamplingParams, SpeculationConfig
-from specd.models.loader import LoadedModel
+from specd.models.llama import LlamaModel
+from specd.models.loader import LoadedModel, check_compatible
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,25 @@ class Sample:
 
 
 class SpecdRunner:
-    """One LLM per configuration, sharing the loaded weights."""
+    """One LLM per configuration, all over one copy of the weights on ``device``. On a GPU each
+    LLM captures its CUDA graphs when it is made (untimed), as a server does at start-up."""
 
-    def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], dtype: str, max_tokens: int):
-        self.target, self.draft, self.dtype, self.max_tokens = target, draft, dtype, max_tokens
+    def __init__(self, target: LoadedModel, draft: Optional[LoadedModel], dtype: str, max_tokens: int,
+                 device: str = "cpu"):
+        self.target, self.draft, self.dtype, self.max_tokens, self.device = target, draft, dtype, max_tokens, device
+        if draft is not None:
+            check_compatible(target, draft)
+        self._target_model = LlamaModel.from_loaded(target, device)
+        self._draft_model = LlamaModel.from_loaded(draft, device) if draft is not None else None
         self._llms: dict[BenchConfig, LLM] = {}
 
     def llm(self, c: BenchConfig) -> LLM:
         if c not in self._llms:
             spec = SpeculationConfig(method=c.method, num_speculative_tokens=max(c.k, 1))
-            self._llms[c] = LLM(self.target, self.draft if c.method == "draft" else None, spec, dtype=self.dtype,
-                                max_num_seqs=1)
+            llm = LLM.from_models(self._target_model, self._draft_model if c.method == "draft" else None, spec,
+                                  tokenizer=self.target.tokenizer, device=self.device, max_num_seqs=1)
+            llm.capture_cuda_graphs()
+            self._llms[c] = llm
         return self._llms[c]
 
     @property
@@ -75,10 +84,16 @@ class SpecdRunner:
                       m.draft_tokens, m.accepted_tokens, t.draft_forwards)
 
 
-class _Timed:
-    """Wraps a module's forward to add its wall time and call count to a counter."""
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
 
-    def __init__(self, module: torch.nn.Module):
+
+class _Timed:
+    """Wraps a module's forward to add its wall time and call count to a counter (on a GPU
+    the forward's work is waited for, so its time is the device's, not the launch's)."""
+
+    def __init__(self, module: torch.nn.Module, device: str = "cpu"):
         self.module, self.seconds, self.calls = module, 0.0, 0
         inner = module.forward
 
@@ -87,6 +102,7 @@ class _Timed:
             try:
                 return inner(*args, **kwargs)
             finally:
+                _sync(device)
                 self.seconds += time.perf_counter() - t0
                 self.calls += 1
         module.forward = forward
@@ -101,24 +117,24 @@ class HFRunner:
 
     PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
 
-    def __init__(self, target_dir, draft_dir, dtype: str, max_tokens: int):
+    def __init__(self, target_dir, draft_dir, dtype: str, max_tokens: int, device: str = "cpu"):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch_dtype = getattr(torch, dtype)
-        self.max_tokens = max_tokens
+        self.max_tokens, self.device = max_tokens, device
         self.tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch_dtype).eval()
-        self.draft = (AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch_dtype).eval()
+        self.target = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch_dtype).to(device).eval()
+        self.draft = (AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch_dtype).to(device).eval()
                       if draft_dir is not None else None)
         for model in (self.target, self.draft):
             if model is not None:
                 model.generation_config.eos_token_id = None  # like ignore_eos: exactly max_tokens
                 model.generation_config.pad_token_id = self.tokenizer.pad_token_id or 0
-        self._target_timer = _Timed(self.target)
-        self._draft_timer = _Timed(self.draft) if self.draft is not None else None
+        self._target_timer = _Timed(self.target, device)
+        self._draft_timer = _Timed(self.draft, device) if self.draft is not None else None
 
     def run(self, c: BenchConfig, prompt: str, max_tokens: Optional[int] = None) -> Sample:
-        ids = torch.tensor([self.tokenizer(prompt)["input_ids"]])
+        ids = torch.tensor([self.tokenizer(prompt)["input_ids"]], device=self.device)
         kwargs = dict(max_new_tokens=max_tokens or self.max_tokens, do_sample=False)
         if c.method == "assisted":
             kwargs["assistant_model"] = self.draft
@@ -130,6 +146,7 @@ class HFRunner:
         start = time.perf_counter()
         with torch.inference_mode():
             out = self.target.generate(ids, **kwargs)
+        _sync(self.device)
         seconds = time.perf_counter() - start
         tokens = out[0, ids.shape[1]:].tolist()
         draft_s = self._draft_timer.seconds if self._draft_timer and c.method == "assisted" else 0.0

@@ -35,13 +35,13 @@ def default_configs(quick: bool, has_draft: bool, include_hf: bool) -> list[Benc
 
 
 def run_suite(target_dir: Path, draft_dir: Optional[Path], *, quick: bool = False, reps: int = 3,
-              max_tokens: int = 96, dtype: str = "bfloat16", include_hf: bool = True,
+              max_tokens: int = 96, dtype: str = "bfloat16", device: str = "cpu", include_hf: bool = True,
               log: Callable[[str], None] = print) -> tuple[Results, list[BenchPrompt], dict]:
     t0 = time.perf_counter()
     target = load_model(target_dir, dtype)
     draft = load_model(draft_dir, dtype) if draft_dir is not None else None
-    specd_runner = SpecdRunner(target, draft, dtype, max_tokens)
-    hf_runner = HFRunner(target_dir, draft_dir, dtype, max_tokens) if include_hf else None
+    specd_runner = SpecdRunner(target, draft, dtype, max_tokens, device)
+    hf_runner = HFRunner(target_dir, draft_dir, dtype, max_tokens, device) if include_hf else None
     log(f"loaded models in {time.perf_counter() - t0:.1f} s")
     prompts = builtin_prompts(target.tokenizer, quick)
     configs = default_configs(quick, draft is not None, include_hf)
@@ -60,6 +60,7 @@ def run_suite(target_dir: Path, draft_dir: Optional[Path], *, quick: bool = Fals
                 results.add(c, p.name, runner(c).run(c, p.text))
         log(f"rep {rep + 1}/{reps} done in {time.perf_counter() - t_rep:.0f} s")
     info = {"target": str(target_dir), "draft": str(draft_dir) if draft_dir else None, "dtype": dtype,
+            "device": device,
             "max_tokens": max_tokens, "reps": reps, "quick": quick,
             "prompt_tokens": {p.name: len(target.tokenizer(p.text)["input_ids"]) for p in prompts}}
     return results, prompts, info

@@ -43,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
     target, draft = resolve_models(args, want_draft=args.target is None or args.draft is not None)
     log = lambda m: print(f"[specd bench] {m}", file=sys.stderr, flush=True)  # noqa: E731
     results, prompts, info = run_suite(target, draft, quick=args.quick, reps=args.reps, max_tokens=max_tokens,
-                                       dtype=args.dtype, include_hf=not args.no_hf, log=log)
+                                       dtype=args.dtype, device=args.device, include_hf=not args.no_hf,
+                                       log=log)
     rows = report.summarize(results)
     machine = report.machine()
     print(f"specd bench: {len(prompts)} prompts x {max_tokens} tokens, greedy, batch 1, median of {args.reps} "
-          f"reps, dtype {args.dtype}; {machine['cpu']} ({' '.join(machine['cpu_flags'])}), "
-          f"{machine['threads']} threads")
+          f"reps, dtype {args.dtype}, device {args.device}; {machine['cpu']} ({' '.join(machine['cpu_flags'])}), "
+          f"{machine['threads']} threads" + (f"; GPU {machine['cuda']}" if args.device.startswith("cuda") else ""))
     print(report.table(rows))
     head = report.headline(rows)
     if head:

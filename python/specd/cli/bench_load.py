@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--rates", type=_floats, default=None,
                    help="arrival rates in requests/s, comma-separated (default: 5 rates from 0.5 to 128 times "
                         "the single-request rate; real: 2 rates, 0.5x and 32x)")
+    p.add_argument("--rate-multiples", type=_floats, default=None, metavar="M1,M2,...",
+                   help="arrival rates as multiples of the single-request rate (1 / the latency of one request "
+                        "served alone, measured first); instead of --rates")
     p.add_argument("--max-num-seqs", type=int, default=None, help="batch limit (default 64; real: 6)")
     p.add_argument("--switch-off-batch", type=int, default=4, help="switch_off policy: speculate up to this batch")
     p.add_argument("--seed", type=int, default=0, help="arrival process seed")
@@ -75,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"specd bench load: error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
+    if args.rates is not None and args.rate_multiples is not None:
+        print("specd bench load: error: give --rates or --rate-multiples, not both", file=sys.stderr)
+        return 2
     sim = args.simulated
     args.requests = args.requests or (64 if sim else 6)
     args.max_tokens = args.max_tokens or (64 if sim else 12)
@@ -94,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if rates is None:
         single = load.run_load(make_llm(policies[0].speculation), prompts[:1], [0.0], args.max_tokens, clock)
         base = 1.0 / single.latencies[0]
-        rates = [base * m for m in ((0.5, 2, 8, 32, 128) if sim else (0.5, 32))]
+        rates = [base * m for m in (args.rate_multiples or ((0.5, 2, 8, 32, 128) if sim else (0.5, 32)))]
         log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
     rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
                       args.seed, log, warmup=warmup, reps=args.reps, trace_dir=args.trace)
@@ -152,12 +158,15 @@ def _simulated(args, target, draft, method, log):
                        t.config.max_position_embeddings - args.max_tokens - 16, log)
     key = {"target": str(Path(target).resolve()), "draft": str(Path(draft).resolve()) if draft else None,
            "dtype": args.dtype, "max_tokens": args.max_tokens, "prompts": prompts}
+    if args.device != "cpu":  # greedy traces can differ between devices (CPU keys stay as they were)
+        key["device"] = args.device
 
     def make():
         log(f"recording greedy traces of {len(prompts)} prompts x {args.max_tokens} tokens on the real models "
             "(once; cached)")
-        llm_factory = lambda: LLM(t, dtype=args.dtype, max_num_seqs=len(prompts))  # noqa: E731
-        draft_factory = (lambda: LlamaModel.from_loaded(load_model(draft, args.dtype))) if draft else None
+        llm_factory = lambda: LLM(t, dtype=args.dtype, device=args.device, max_num_seqs=len(prompts))  # noqa: E731
+        draft_factory = ((lambda: LlamaModel.from_loaded(load_model(draft, args.dtype), args.device)) if draft
+                         else None)
         return record_traces(llm_factory, draft_factory, prompts, args.max_tokens, log)
 
     if args.gpu_profile is not None:  # read before the traces: a bad file fails fast
@@ -190,14 +199,28 @@ def _simulated(args, target, draft, method, log):
     return make_llm, world.prompts, world.outputs, "virtual", title, {**settings, "synthetic": True}
 
 
+def _where(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return f"{torch.cuda.get_device_name(torch.device(device))} ({device})"
+    return "this machine's CPU"
+
+
 def _real(args, target, draft, method, log):
     from specd.bench.prompts import load_prompts
     from specd.engine.llm import LLM
-    from specd.engine.params import SamplingParams
-    from specd.models.loader import load_model
+    from specd.engine.params import SamplingParams, SpeculationConfig
+    from specd.models.llama import LlamaModel
+    from specd.models.loader import check_compatible, load_model
 
     t = load_model(target, args.dtype)
     d = load_model(draft, args.dtype) if draft is not None else None
+    if d is not None:
+        check_compatible(t, d)
+    # One copy of the weights on the device for every LLM of the sweep.
+    target_model = LlamaModel.from_loaded(t, args.device)
+    draft_model = LlamaModel.from_loaded(d, args.device) if d is not None else None
     prompts = [ids for _, ids in _fitting([(p.name, list(t.tokenizer(p.text)["input_ids"]))
                                             for p in load_prompts(t.tokenizer)],
                                            t.config.max_position_embeddings - args.max_tokens - 16, log)]
@@ -206,16 +229,34 @@ def _real(args, target, draft, method, log):
     held_out = prompts[args.requests] if len(prompts) > args.requests else None
     prompts = prompts[:min(len(prompts), args.requests)]
 
+    llms: dict[str, LLM] = {}
+
     def make_llm(spec, policy=None):
-        return LLM(t, d if "draft" in spec.methods else None, spec, dtype=args.dtype,
-                   max_num_seqs=args.max_num_seqs, policy=policy)
+        """One LLM per speculation config, made (and its CUDA graphs captured) on first use,
+        untimed; later runs reset it (LLM.reset: a fresh engine and policy, the same pool
+        and graphs), so no timed run pays for a capture."""
+        key = repr(spec)
+        llm = llms.get(key)
+        if llm is None:
+            llm = LLM.from_models(target_model, draft_model if "draft" in spec.methods else None, spec,
+                                  tokenizer=t.tokenizer, device=args.device, max_num_seqs=args.max_num_seqs)
+            captured = llm.capture_cuda_graphs()
+            if captured["graphs"]:
+                log(f"{spec.method_name} k={spec.k} ({spec.policy}): captured {captured['graphs']} CUDA graphs "
+                    f"in {captured['seconds']:.1f} s (untimed)")
+            llms[key] = llm
+        llm.reset(policy)  # every run starts afresh (policy None: a new one from the config)
+        return llm
 
     log(f"reference: plain greedy outputs of {len(prompts)} prompts")
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
-    expected = [o.token_ids for o in LLM(t, dtype=args.dtype, max_num_seqs=len(prompts)).generate(prompts, params)]
-    title = (f"specd bench load: real models {Path(target).name} / {Path(draft).name if draft else '-'} on this "
-             f"machine (wall clock, dtype {args.dtype}); {args.requests} requests x {args.max_tokens} tokens per "
-             f"rate; max batch {args.max_num_seqs}; method {method}")
+    reference = LLM.from_models(target_model, None, SpeculationConfig(method="none"), tokenizer=t.tokenizer,
+                                device=args.device, max_num_seqs=len(prompts))
+    expected = [o.token_ids for o in reference.generate(prompts, params)]
+    del reference
+    title = (f"specd bench load: real models {Path(target).name} / {Path(draft).name if draft else '-'} on "
+             f"{_where(args.device)} (wall clock, dtype {args.dtype}); {args.requests} requests x {args.max_tokens} "
+             f"tokens per rate; max batch {args.max_num_seqs}; method {method}")
     if held_out is not None:
         title += f"; each LLM first serves one untimed warm-up request ({len(held_out)}-token held-out prompt)"
     return make_llm, prompts, expected, "wall", title, {"synthetic": False, "warmup": held_out}

@@ -16,14 +16,19 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32", "float16"],
                    help="weights and KV dtype; auto (default): bfloat16 on CUDA or CPUs with native bf16 "
                         "matmul (AVX-512-BF16/AMX), float32 elsewhere")
+    p.add_argument("--device", default="auto", metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the models and the KV cache live; auto (default): cuda when torch sees a GPU, "
+                        "else cpu")
 
 
 def resolve_models(args, want_draft: bool) -> tuple[Path, Optional[Path]]:
     """(target, draft) paths; the default pair is materialized when --target is absent.
-    Also resolves ``args.dtype == "auto"`` for this machine."""
-    from specd.hardware import resolve_dtype
+    Also resolves ``args.device`` and ``args.dtype == "auto"`` for this machine (an
+    unavailable device raises InvalidArgumentError, which the CLI prints as an error)."""
+    from specd.hardware import resolve_device, resolve_dtype
 
-    args.dtype = resolve_dtype(args.dtype)
+    args.device = resolve_device(args.device)
+    args.dtype = resolve_dtype(args.dtype, args.device)
     if args.target is not None:
         return args.target, args.draft if want_draft else None
     from specd.hub import default_pair

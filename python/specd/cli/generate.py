@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if args.method == "draft" and draft is None:
         print("specd generate: error: --method draft needs --draft", file=sys.stderr)
         return 2
-    llm = specd.LLM(target, draft, spec, dtype=args.dtype, max_num_seqs=1)
+    llm = specd.LLM(target, draft, spec, dtype=args.dtype, device=args.device, max_num_seqs=1)
     prompt = args.prompt
     if args.chat and getattr(llm.tokenizer, "chat_template", None):
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,

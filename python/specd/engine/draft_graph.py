@@ -263,6 +263,23 @@ class DraftGraphRunner:
         probs = buf.probs[first:steps, :n] if sampling else None
         return buf.tokens[first:steps, :n], probs
 
+    def capture_all(self, sampling_modes: Sequence[bool] = (False,)) -> int:
+        """Captures every graph a run can replay that is not captured yet, for each bucket and
+        sampling mode given: with graph_per_forward the head of each catch-up width
+        0..max_catch_up and forwards 1..max_steps-1; else the whole call of each (width, k).
+        Returns how many it captured."""
+        if not self.capture:
+            raise InvalidArgumentError("capture_all: this runner does not capture CUDA graphs")
+        before = len(self._graphs)
+        per_forward = self.config.graph_per_forward
+        for batch in self.config.buckets:
+            for sampling in sampling_modes:
+                for width in range(self.max_catch_up + 1):
+                    for steps in ((self.config.max_steps,) if per_forward else range(1, self.config.max_steps + 1)):
+                        if steps >= 2 or width > 0:  # what accepts() lets run
+                            self._graphs_for(batch, width, steps, sampling)
+        return len(self._graphs) - before
+
     # ---- internals ----
 
     def _buffers_for(self, batch: int, sampling: bool) -> _Buffers:

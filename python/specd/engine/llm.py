@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterator, Optional, Sequence, Union
 
 import torch
@@ -165,18 +166,54 @@ class LLM:
             policy = make_policy(policy or speculation.policy, speculation)
         self.speculation = speculation
         self.eos_ids = frozenset(tc.eos_token_ids)
-        self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, SchedulerConfig(
+        self._scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k,
             model_free_tree_nodes=speculation.planner_node_budgets[0], draft_tree_width=speculation.draft_tree_width,
-            draft_tree_nodes=speculation.planner_node_budgets[1]),
-            timer=timer)
+            draft_tree_nodes=speculation.planner_node_budgets[1])
+        self._timer = timer
+        self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, self._scheduler_config,
+                             timer=timer)
         self.draft_graph = (self._make_draft_graph(speculation, max_num_seqs)
                             if _graph_wanted(draft_graph, self.draft, timer) else None)
         self.target_graph = (self._make_target_graph(speculation, max_num_seqs, max_num_batched_tokens)
                              if _graph_wanted(target_graph, self.target, timer) else None)
         self.seed = seed
         self._next_id = 0
+
+    def reset(self, policy: Union[str, SpeculationPolicy, None] = None) -> None:
+        """Starts serving afresh, as a new LLM with the same arguments would, but keeps what is
+        costly to make: the models, the KV page pool and the captured CUDA graphs. Dropped: the
+        policy's learned estimates (a new policy: ``policy``, else one made from the
+        speculation config), the proposers' indexes, the engine's timings and telemetry, and
+        the request counter (request ids, hence unseeded sampling streams, restart at 0).
+        Raises FailedPreconditionError while requests are in flight (finish or abort them)."""
+        from specd.errors import FailedPreconditionError
+
+        if self.engine.has_work:
+            raise FailedPreconditionError("LLM.reset: requests are still in flight; finish or abort them first")
+        if policy is None or isinstance(policy, str):
+            policy = make_policy(policy or self.speculation.policy, self.speculation)
+        engine = Engine(self.target, self.draft, self.pool, self.speculation, policy, self._scheduler_config,
+                        timer=self._timer)
+        engine.draft_graph, engine.target_graph = self.draft_graph, self.target_graph
+        self.engine = engine
+        self._next_id = 0
+
+    def capture_cuda_graphs(self, sampling: bool = False) -> dict:
+        """Captures, now, every CUDA graph the graph runners would otherwise capture on first
+        use: each batch bucket with every verify length (target) and every catch-up width and
+        draft step (draft), for greedy rows (and sampled rows with ``sampling=True``). A server
+        calls this at start-up so that no request waits for a capture; benchmarks call it
+        before timing. Returns ``{"graphs": number captured by this call, "seconds": ...}``;
+        nothing to do (0 graphs) without runners or on the CPU."""
+        start = time.perf_counter()
+        modes = (False, True) if sampling else (False,)
+        count = 0
+        for runner in (self.draft_graph, self.target_graph):
+            if runner is not None and runner.capture:
+                count += runner.capture_all(modes)
+        return {"graphs": count, "seconds": time.perf_counter() - start}
 
     def _make_draft_graph(self, speculation: SpeculationConfig, max_num_seqs: int):
         """The DraftGraphRunner of the draft model, handed to the engine (which passes it to run_draft)."""

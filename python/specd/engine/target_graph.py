@@ -154,6 +154,20 @@ class TargetGraphRunner:
             logits = self._forward(buf, self._shared_logits()[:batch * q] if self.config.buckets else None)
         return logits[:rows]
 
+    def capture_all(self, sampling_modes: Sequence[bool] = (False,)) -> int:
+        """Captures the graph of every (bucket, q) a run can use (q = 1..max_query, within
+        max_tokens) that is not captured yet; returns how many it captured. Verification reads
+        the logits whatever the sampling, so ``sampling_modes`` changes nothing here (the
+        argument matches DraftGraphRunner.capture_all)."""
+        if not self.capture:
+            raise InvalidArgumentError("capture_all: this runner does not capture CUDA graphs")
+        before = len(self._graphs)
+        for batch in self.config.buckets:
+            for q in range(1, self.config.max_query + 1):
+                if self.config.max_tokens is None or batch * q <= self.config.max_tokens:
+                    self._graph(batch, q)
+        return len(self._graphs) - before
+
     # ---- internals ----
 
     def _buffers_for(self, batch: int, q: int) -> _Buffers:
