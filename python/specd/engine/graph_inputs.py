@@ -62,15 +62,8 @@ def wants_capture(capture: Optional[bool], device: torch.device, buckets: Sequen
 def capture_graph(body: Callable[[], object], device: torch.device,
                   pool: Optional[tuple]) -> tuple[torch.cuda.CUDAGraph, tuple]:
     """``body`` run once on a side stream (lazy initialisations stay out of the capture), then
-    captured on that same stream into a CUDA graph sharing the memory ``pool`` (None: a new
-    one). Returns the graph and the pool to share with the next capture.
-
-    Why the same stream: cuBLAS keeps a workspace per stream, made on the stream's first
-    matrix product; made in the warm-up, it is ordinary memory. Captured on torch's shared
-    capture stream instead, a workspace first needed during some capture comes from that
-    graph's private pool, which later captures (other runners, other LLMs) may outlive. That
-    is our likely explanation, not a confirmed one, of a CUBLAS_STATUS_EXECUTION_FAILED seen
-    once on an H100 while a test captured graphs of its fourth LLM."""
+    captured into a CUDA graph sharing the memory ``pool`` (None: a new one). Returns the graph
+    and the pool to share with the next capture."""
     current = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
     side.wait_stream(current)
@@ -78,6 +71,6 @@ def capture_graph(body: Callable[[], object], device: torch.device,
         body()
     current.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=side):
+    with torch.cuda.graph(graph, pool=pool):
         body()
     return graph, pool if pool is not None else graph.pool()
