@@ -70,6 +70,40 @@ def test_incremental_decoding_through_pages_matches_hf(pair):
     assert (torch.cat(got) - want).abs().max() <= TOL
 
 
+def test_kernel_attention_forward_matches_hf(pair):
+    """forward(kernel=True), the path the engine takes for causal batches on CUDA (here the
+    kernel's CPU reference): two sequences with different histories in each varlen forward,
+    chunks crossing 4-token pages, give HF's logits; a sliding-window model is refused."""
+    _, hf, ours = pair
+    rng = np.random.default_rng(2)
+    ids = [[int(t) for t in rng.integers(0, ours.config.vocab_size, n)] for n in (14, 11)]
+    pool = KVCachePool([KVModel("target", ours.config, ours.dtype)], 64, 4)
+    for seq in (0, 1):
+        pool.blocks.add_sequence(seq)
+
+    def step(chunks):  # chunks: (seq, start, end) -> logits of every new token, per chunk
+        segs = []
+        for seq, start, end in chunks:
+            slots = pool.blocks.reserve(seq, end - start).slots
+            segs.append(Segment(seq, torch.tensor(ids[seq][start:end]), torch.arange(start, end), slots, end, None,
+                                logits_from=0))
+        logits = forward(ours, pool, 0, segs, kernel=True)
+        for seq, start, end in chunks:
+            pool.blocks.commit(seq, end - start)
+        return logits.split([end - start for _, start, end in chunks])
+
+    if ours.window is not None:
+        with pytest.raises(specd.InvalidArgumentError, match="sliding window"):
+            step([(0, 0, 3)])
+        return
+    got = {0: [], 1: []}
+    for chunks in ([(0, 0, 9), (1, 0, 5)], [(0, 9, 10), (1, 5, 8)], [(1, 8, 11), (0, 10, 14)]):
+        for (seq, _, _), logits in zip(chunks, step(chunks)):
+            got[seq].append(logits)
+    for seq in (0, 1):
+        assert (torch.cat(got[seq]) - hf_logits(hf, ids[seq])).abs().max() <= TOL
+
+
 def test_tree_forward_matches_hf_per_path(pair):
     """Each tree node's logits equal HF's last logits for prefix + the node's path."""
     _, hf, ours = pair

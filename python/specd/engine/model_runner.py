@@ -24,8 +24,10 @@ from specd.engine.rng import philox_uniform
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
 from specd.engine.timer import causal_keys
 from specd.engine.torch_sampling import DRAFT_STREAM, sample_inverse_cdf, sampling_probs
+from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
+from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
@@ -51,15 +53,33 @@ def segment_keys(segments: list[Segment]) -> int:
     return sum(causal_keys(s.kv_len - len(s.input_ids), len(s.input_ids)) for s in segments)
 
 
-def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment]) -> torch.Tensor:
+def kernel_attention_wanted(model: LlamaModel, segments: list[Segment]) -> bool:
+    """Whether ``forward`` attends with specd's tree-attention kernel by default: on a CUDA
+    device when specd has its CUDA kernels, for a model without a sliding window, when every
+    segment is causal (prefill chunks, chains). Token trees with a prefix chunk, sliding
+    windows and CPU runs use the model's backend (TorchPagedAttention)."""
+    import specd.ops as ops
+
+    return (model.device.type == "cuda" and ops.HAS_CUDA_KERNELS and model.window is None
+            and all(s.mask is None for s in segments))
+
+
+def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
+            kernel: Optional[bool] = None) -> torch.Tensor:
     """Runs ``model`` over the segments; returns float32 logits of the rows asked for, in
-    segment order ``[sum of rows, vocab]``."""
+    segment order ``[sum of rows, vocab]``. ``kernel``: attend through KernelAttention
+    (models/kernel_attention.py: the kernel the graph runners replay; on the CPU its float32
+    reference); None: ``kernel_attention_wanted``."""
     device = model.device
     query_start, logits_rows = [0], []
     for s in segments:
         if s.logits_from is not None:
             logits_rows.extend(range(query_start[-1] + s.logits_from, query_start[-1] + len(s.input_ids)))
         query_start.append(query_start[-1] + len(s.input_ids))
+    if kernel is None:
+        kernel = kernel_attention_wanted(model, segments)
+    if kernel:
+        return _forward_kernel(model, pool, model_index, segments, query_start, logits_rows)
     tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
     slots = np.concatenate([s.slots for s in segments])
     meta = AttentionMetadata(
@@ -74,6 +94,25 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
     input_ids = torch.cat([s.input_ids for s in segments]).to(device)
     indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
     return model(input_ids, meta, pool.layers(model_index), indices)
+
+
+def _forward_kernel(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
+                    query_start: list[int], logits_rows: list[int]) -> torch.Tensor:
+    """``forward`` with KernelAttention: the metadata as device tensors (int32 block tables
+    padded with -1, CSR query offsets, KV extents); causal segments only."""
+    if model.window is not None or any(s.mask is not None for s in segments):
+        raise InvalidArgumentError("kernel attention needs causal segments and no sliding window")
+    device = model.device
+    tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index, pad=-1)
+    meta = DeviceAttentionMetadata(
+        positions=torch.cat([s.positions for s in segments]).to(device),
+        slot_mapping=torch.from_numpy(np.concatenate([s.slots for s in segments])).to(device),
+        block_tables=torch.from_numpy(tables).to(device),
+        query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
+        kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
+    input_ids = torch.cat([s.input_ids for s in segments]).to(device)
+    indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
+    return model(input_ids, meta, pool.layers(model_index), indices, backend=KernelAttention())
 
 
 def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) -> Segment:
