@@ -73,6 +73,9 @@ void CostModel::refit() {
   std::size_t at = 0;
   for (const Block& block : blocks)
     for (std::size_t j = 0; j < block.count; ++j) used[at++]->fitted = block.sum / block.weight;
+  points_.clear();
+  for (const Bucket* b : used) points_.push_back({b->tokens, b->fitted});
+  memo_.clear();
 }
 
 int64_t CostModel::explored_limit(int64_t tokens) const {
@@ -119,20 +122,23 @@ double CostModel::intercept() const { return sw_ > 0 ? (sy_ - slope() * sx_) / s
 
 double CostModel::predict(int64_t tokens) const {
   if (!has_data()) return 0.0;
-  const double x = static_cast<double>(std::max<int64_t>(tokens, 1));
-  const Bucket* below = nullptr;
-  const Bucket* above = nullptr;
-  const Bucket* second = nullptr;  // the second bucket with data above x (local slope below the data)
-  for (const Bucket& b : buckets_) {
-    if (b.weight <= 0) continue;
-    if (b.tokens <= x) {
-      below = &b;
-    } else if (!above) {
-      above = &b;
-    } else if (!second) {
-      second = &b;
-    }
-  }
+  const int64_t t = std::max<int64_t>(tokens, 1);
+  if (t >= kMemoTokens) return interpolate(static_cast<double>(t));
+  if (memo_.empty()) memo_.assign(static_cast<std::size_t>(kMemoTokens), std::nan(""));
+  double& m = memo_[static_cast<std::size_t>(t)];
+  if (std::isnan(m)) m = interpolate(static_cast<double>(t));
+  return m;
+}
+
+double CostModel::interpolate(double x) const {
+  // The buckets' means increase with their index (disjoint ranges), so one binary search
+  // finds the last point at or below x and the first two above it. The controller calls
+  // this thousands of times per step.
+  const auto first_above = std::upper_bound(points_.begin(), points_.end(), x,
+                                            [](double v, const Point& p) { return v < p.tokens; });
+  const Point* below = first_above == points_.begin() ? nullptr : &*(first_above - 1);
+  const Point* above = first_above == points_.end() ? nullptr : &*first_above;
+  const Point* second = (above && first_above + 1 != points_.end()) ? &*(first_above + 1) : nullptr;
   if (below && above) {
     const double t = (x - below->tokens) / (above->tokens - below->tokens);
     return below->fitted + t * (above->fitted - below->fitted);

@@ -57,6 +57,26 @@ TEST(CostModel, ExtrapolationAndValidation) {
   SPECD_EXPECT_CODE(m.observe(4, NAN), kInvalidArgument);
 }
 
+// predict memoizes small counts: every observe must still show in the next predictions, in
+// the memoized range and past it, and a copy predicts what its original does.
+TEST(CostModel, PredictionsFollowEveryObservation) {
+  CostModel m;
+  SPECD_ASSERT_OK(m.observe(4, 1.0));
+  EXPECT_EQ(m.predict(8), 1.0);
+  SPECD_ASSERT_OK(m.observe(12, 3.0));
+  EXPECT_DOUBLE_EQ(m.predict(8), 2.0);  // halfway between the two buckets' means
+  EXPECT_DOUBLE_EQ(m.predict(4), 1.0);
+  const CostModel copy = m;
+  SPECD_ASSERT_OK(m.observe(12, 5.0));  // that bucket's mean moves (decay 0.8): 3.4 s
+  EXPECT_DOUBLE_EQ(m.predict(12), 0.8 * 3.0 + 0.2 * 5.0);
+  EXPECT_DOUBLE_EQ(m.predict(8), (1.0 + 3.4) / 2);
+  EXPECT_DOUBLE_EQ(copy.predict(8), 2.0);
+  SPECD_ASSERT_OK(m.observe(3000, 100.0));  // past the memoized counts as well
+  EXPECT_GT(m.predict(2000), m.predict(12));
+  EXPECT_LT(m.predict(2000), 100.0);
+  for (int64_t n = 1; n <= 4000; n += 37) EXPECT_LE(m.predict(n), m.predict(n + 37)) << n;
+}
+
 // Bucket averages that decrease with the token count (noise) are pooled: predictions never
 // decrease, and a consistent curve is left as it is.
 TEST(CostModel, PredictionsNeverDecreaseWithTokens) {

@@ -62,6 +62,10 @@ class CostModel {
   explicit CostModel(const CostModelConfig& config = CostModelConfig());
 
   Status observe(int64_t tokens, double seconds);
+  // Predicted seconds of a forward of `tokens` tokens (rules above). Results for small counts
+  // are memoized until the next observe (the controller asks for the same few counts
+  // thousands of times per step), so, although const, calls on one object must not run
+  // from several threads at once.
   double predict(int64_t tokens) const;
   // The largest token count to plan for from a step of `tokens` tokens (rules above); at
   // least `tokens`.
@@ -84,11 +88,20 @@ class CostModel {
     double seconds = 0; // weighted mean time
     double fitted = 0;  // the isotonic fit of `seconds` (rules above)
   };
+  // A bucket with data as predict reads it: its mean size and fitted time.
+  struct Point {
+    double tokens;
+    double fitted;
+  };
+  static constexpr int64_t kMemoTokens = 1024;  // predict memoizes counts below this
   static std::size_t bucket_of(int64_t tokens);
   void refit();
+  double interpolate(double x) const;
 
   CostModelConfig config_;
   std::vector<Bucket> buckets_;
+  std::vector<Point> points_;  // the buckets with data, by increasing size (refit keeps it)
+  mutable std::vector<double> memo_;  // predict(t) for t < kMemoTokens, NaN = not yet; refit clears
   double sw_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;  // weighted sums for the line
   int64_t samples_ = 0;
 };
