@@ -151,8 +151,9 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
     """Every policy at every rate (same arrivals for all policies of a rate); one summary row each.
     ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
     policy; a held-out prompt, so no proposer's cache has seen the timed ones).
-    ``reps``: runs per policy and rate, each with a fresh LLM, interleaved (every policy once,
-    then again) so that a drift of the machine's speed spreads over all policies, and each
+    ``reps``: runs per policy and rate, each with an LLM from ``make_llm`` serving afresh (a
+    new LLM, or one reset: a new engine and policy over the same graphs), interleaved (every
+    policy once, then again) so that a drift of the machine's speed spreads over all policies, and each
     round's order rotated by ``len(policies) / reps`` (no policy always runs first or last in
     a round, where a machine warming up or slowing down would favour it); the row is
     the run of median mean latency, with every run's mean latency in ``latency_mean_s_runs``
