@@ -363,15 +363,24 @@ Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& c
   // again at the goodput found), each allocated exactly; small steps also search options
   // one request at a time.
   const double lambda = cost.reference_goodput > 0 ? cost.reference_goodput : out->plain_goodput;
+  // An option vector allocated once cannot improve `out` a second time (each of its depths
+  // was compared against a best that has only grown since, and `v > b + 1e-12 |b|` is
+  // monotone in b), so repeats are skipped: the same answer for less work.
+  std::vector<std::vector<int32_t>> tried;
+  auto try_options = [&](const std::vector<int32_t>& option) -> Status {
+    if (std::find(tried.begin(), tried.end(), option) != tried.end()) return Status::Ok();
+    tried.push_back(option);
+    return best_for_options(requests, cost, option, out);
+  };
   const std::vector<int32_t> first = choose_options(requests, cost, lambda, 1 << 30, true);
   const int32_t users = count_draft_users(requests, first);
   for (const auto& option : {first, choose_options(requests, cost, lambda, users, true),
                              choose_options(requests, cost, lambda, users, false)})
-    SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
+    SPECD_RETURN_IF_ERROR(try_options(option));
   const std::vector<int32_t> refined =
       choose_options(requests, cost, cost.reference_goodput > 0 ? cost.reference_goodput : out->goodput,
                      count_draft_users(requests, out->option), true);
-  SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, refined, out));
+  SPECD_RETURN_IF_ERROR(try_options(refined));
   std::size_t total_options = 0;
   for (const SpecRequest& r : requests) total_options += r.options.size();
   if (total_options <= kLocalSearchLimit) {
@@ -383,7 +392,7 @@ Status optimize_goodput(Span<const SpecRequest> requests, const StepCostModel& c
           std::vector<int32_t> option = out->option;
           option[i] = static_cast<int32_t>(o);
           const double before = out->objective;
-          SPECD_RETURN_IF_ERROR(best_for_options(requests, cost, option, out));
+          SPECD_RETURN_IF_ERROR(try_options(option));
           improved = improved || out->objective > before;
         }
       }
