@@ -120,7 +120,7 @@ double CostModel::slope() const {
 
 double CostModel::intercept() const { return sw_ > 0 ? (sy_ - slope() * sx_) / sw_ : 0.0; }
 
-double CostModel::predict(int64_t tokens) const {
+double CostModel::predict_and_memoize(int64_t tokens) const {
   if (!has_data()) return 0.0;
   const int64_t t = std::max<int64_t>(tokens, 1);
   if (t >= kMemoTokens) return interpolate(static_cast<double>(t));

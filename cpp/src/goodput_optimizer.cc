@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <queue>
+#include <utility>
 
 namespace specd {
 namespace {
@@ -61,7 +63,8 @@ Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
   return Status::Ok();
 }
 
-// The step's state while allocating: totals that the cost model needs.
+// The step's state while allocating: totals that the cost model needs, and the predicted
+// seconds kept up to date as drafts are taken (one draft forward changes per draft).
 class StepState {
  public:
   StepState(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
@@ -72,14 +75,13 @@ class StepState {
       target_tokens_ += r.base_tokens;
       tokens_ += 1.0;
     }
+    target_seconds_ = cost_.target->predict(target_tokens_);
+    for (std::size_t j = 1; j < draft_tokens_.size(); ++j) draft_seconds_ += draft_cost(j, draft_tokens_[j]);
+    next_target_ = cost_.target->predict(target_tokens_ + 1);
   }
 
   double tokens() const { return tokens_; }
-  double seconds() const {
-    double s = cost_.fixed_seconds + cost_.target->predict(target_tokens_);
-    for (std::size_t j = 1; j < draft_tokens_.size(); ++j) s += draft_cost(j, draft_tokens_[j]);
-    return std::max(s, kTiny);
-  }
+  double seconds() const { return std::max(cost_.fixed_seconds + target_seconds_ + draft_seconds_, kTiny); }
   int32_t k(std::size_t i) const { return k_[i]; }
   const std::vector<int32_t>& ks() const { return k_; }
 
@@ -91,11 +93,10 @@ class StepState {
     if (opt->uses_draft_model && static_cast<int32_t>(k) + 1 > prepaid_) return false;
     if (cost_.max_target_tokens > 0 && target_tokens_ + 1 > cost_.max_target_tokens) return false;
     *gain = opt->gains[k];
-    double d = cost_.target->predict(target_tokens_ + 1) - cost_.target->predict(target_tokens_);
+    double d = next_target_ - target_seconds_;
     if (opt->uses_draft_model) {
       const std::size_t j = k + 1;
-      const int64_t w = draft_forward_tokens(*opt, j);
-      d += draft_cost(j, draft_tokens_[j] + w) - draft_cost(j, draft_tokens_[j]);
+      d += draft_cost(j, draft_tokens_[j] + draft_forward_tokens(*opt, j)) - draft_cost(j, draft_tokens_[j]);
     }
     *delta = std::max(d, 0.0);
     return true;
@@ -104,8 +105,14 @@ class StepState {
   void take(std::size_t i, double gain) {
     const SpecOption* opt = option_of(requests_[i], option_[i]);
     const std::size_t j = static_cast<std::size_t>(k_[i]) + 1;
-    if (opt->uses_draft_model) draft_tokens_[j] += draft_forward_tokens(*opt, j);
+    if (opt->uses_draft_model) {
+      const double before = draft_cost(j, draft_tokens_[j]);
+      draft_tokens_[j] += draft_forward_tokens(*opt, j);
+      draft_seconds_ += draft_cost(j, draft_tokens_[j]) - before;
+    }
     ++target_tokens_;
+    target_seconds_ = next_target_;
+    next_target_ = cost_.target->predict(target_tokens_ + 1);
     tokens_ += gain;
     ++k_[i];
   }
@@ -127,6 +134,9 @@ class StepState {
   std::vector<int64_t> draft_tokens_;  // [prepaid + 1] tokens of draft forward j (index 0 unused)
   int64_t target_tokens_ = 0;
   double tokens_ = 0;
+  double target_seconds_ = 0;  // target.predict(target_tokens_)
+  double next_target_ = 0;     // target.predict(target_tokens_ + 1)
+  double draft_seconds_ = 0;   // sum of draft_cost over the forwards
 };
 
 // Greedy allocation at prepaid draft depth K; returns the ks: the best prefix of the greedy
@@ -251,7 +261,61 @@ int32_t count_draft_users(Span<const SpecRequest> requests, const std::vector<in
   return n;
 }
 
-// The best allocation for fixed options: the greedy allocation at every draft depth.
+// An upper bound on the objective of any allocation with fixed options in which some
+// request drafts `depth` tokens with the draft model (depth 0: none drafts with it). With m
+// drafts in all, the tokens are at most 1 per request plus the m largest allowed gains, and
+// the seconds at least the fixed cost, the target verifying base + m tokens, and `depth`
+// draft forwards of which one processes at least ceil(m_draft / depth) tokens (predict is
+// non-decreasing): every draft-model draft is processed by one of the depth forwards.
+class DepthBound {
+ public:
+  DepthBound(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option)
+      : cost_(cost) {
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      base_ += requests[i].base_tokens;
+      const SpecOption* opt = option_of(requests[i], option[i]);
+      if (opt == nullptr) continue;
+      for (std::size_t j = 0; j < opt->gains.size(); ++j)
+        if (opt->gains[j] > 0) gains_.push_back({opt->gains[j], opt->uses_draft_model ? static_cast<int32_t>(j + 1) : 0});
+    }
+    std::sort(gains_.begin(), gains_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    tokens_ = static_cast<double>(requests.size());
+  }
+
+  double objective_at_most(int32_t depth) const {
+    int64_t limit = static_cast<int64_t>(gains_.size());
+    if (cost_.max_target_tokens > 0) limit = std::min<int64_t>(limit, std::max<int64_t>(0, cost_.max_target_tokens - base_));
+    const double prepaid = depth > 0 && cost_.draft != nullptr ? (depth - 1) * cost_.draft->predict(1) : 0.0;
+    double tokens = tokens_;
+    int64_t m = 0, drafted_with_model = 0;
+    double best = bound(tokens, m, depth, prepaid, drafted_with_model);
+    for (const auto& [g, j] : gains_) {
+      if (m >= limit) break;
+      if (j > depth) continue;  // deeper than the draft loop runs
+      tokens += g;
+      ++m;
+      drafted_with_model += j > 0 ? 1 : 0;
+      best = std::max(best, bound(tokens, m, depth, prepaid, drafted_with_model));
+    }
+    return best;
+  }
+
+ private:
+  double bound(double tokens, int64_t m, int32_t depth, double prepaid, int64_t drafted_with_model) const {
+    double seconds = cost_.fixed_seconds + cost_.target->predict(base_ + m) + prepaid;
+    if (depth > 0 && cost_.draft != nullptr)
+      seconds += cost_.draft->predict(std::max<int64_t>(1, (drafted_with_model + depth - 1) / depth));
+    return objective(cost_, tokens, std::max(seconds, kTiny));
+  }
+
+  const StepCostModel& cost_;
+  int64_t base_ = 0;
+  double tokens_ = 0;
+  std::vector<std::pair<double, int32_t>> gains_;  // (gain, its draft forward; 0: no draft model), by gain
+};
+
+// The best allocation for fixed options: the greedy allocation at every draft depth whose
+// bound (DepthBound) can beat the best so far.
 Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
                         Allocation* best) {
   int32_t max_depth = 0;
@@ -259,7 +323,9 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
     const SpecOption* opt = option_of(requests[i], option[i]);
     if (opt && opt->uses_draft_model) max_depth = std::max(max_depth, static_cast<int32_t>(opt->gains.size()));
   }
+  const DepthBound bound(requests, cost, option);
   for (int32_t depth = 0; depth <= max_depth; ++depth) {
+    if (!(bound.objective_at_most(depth) > best->objective + 1e-12 * std::abs(best->objective))) continue;
     std::vector<int32_t> k = allocate(requests, cost, option, depth);
     double tokens = 0, seconds = 0;
     SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, k, option, &tokens, &seconds));
@@ -279,6 +345,77 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
 // Steps of up to this many requests get their allocation polished by local search.
 constexpr std::size_t kPolishLimit = 16;
 
+// The totals of an allocation with fixed options (expected tokens, verified tokens, drafted
+// tokens, tokens of each draft forward), from which the value of changing one or two
+// requests' k by one is found with O(draft depth) cached predictions instead of
+// re-evaluating every request (polish tries O(n^2) such moves per round).
+class AllocationTotals {
+ public:
+  AllocationTotals(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
+                   const std::vector<int32_t>& k)
+      : requests_(requests), cost_(cost), option_(option), k_(k) {
+    std::size_t depth = 1;
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      if (const SpecOption* opt = option_of(requests[i], option[i])) depth = std::max(depth, opt->gains.size());
+    draft_.assign(depth + 1, 0);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      tokens_ += 1.0;
+      verified_ += requests[i].base_tokens + k[i];
+      drafted_ += k[i];
+      const SpecOption* opt = option_of(requests[i], option[i]);
+      for (int32_t j = 0; j < k[i]; ++j) tokens_ += opt->gains[static_cast<std::size_t>(j)];
+      if (opt != nullptr && opt->uses_draft_model)
+        for (int32_t j = 1; j <= k[i]; ++j) draft_[static_cast<std::size_t>(j)] += draft_forward_tokens(*opt, static_cast<std::size_t>(j));
+    }
+  }
+
+  struct Change {
+    std::size_t request = 0;
+    int32_t delta = 0;  // +1 or -1
+  };
+
+  // The objective after `changes` (changes to different requests), or false when the result
+  // is not allowed: k outside [0, gains], a last draft with no gain, or more verified tokens
+  // than the limit while drafting.
+  bool value_after(std::initializer_list<Change> changes, double* value, double* tokens, double* seconds) {
+    double e = tokens_;
+    int64_t verified = verified_, drafted = drafted_;
+    touched_.clear();
+    for (const Change& c : changes) {
+      const SpecOption* opt = option_of(requests_[c.request], option_[c.request]);
+      const int32_t k = k_[c.request] + c.delta;
+      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
+      if (k < 0 || k > cap || (k > 0 && opt->gains[static_cast<std::size_t>(k - 1)] <= 0)) return false;
+      const std::size_t j = static_cast<std::size_t>(c.delta > 0 ? k : k + 1);  // the draft added or removed
+      e += c.delta * opt->gains[j - 1];
+      verified += c.delta;
+      drafted += c.delta;
+      if (opt->uses_draft_model) touched_.push_back({j, c.delta * draft_forward_tokens(*opt, j)});
+    }
+    if (cost_.max_target_tokens > 0 && drafted > 0 && verified > cost_.max_target_tokens) return false;
+    for (const auto& [j, d] : touched_) draft_[j] += d;
+    double s = cost_.fixed_seconds + cost_.target->predict(verified);
+    if (cost_.draft != nullptr)
+      for (std::size_t j = 1; j < draft_.size(); ++j)
+        if (draft_[j] > 0) s += cost_.draft->predict(draft_[j]);
+    for (const auto& [j, d] : touched_) draft_[j] -= d;
+    *tokens = e;
+    *seconds = std::max(s, kTiny);
+    *value = objective(cost_, *tokens, *seconds);
+    return true;
+  }
+
+ private:
+  Span<const SpecRequest> requests_;
+  const StepCostModel& cost_;
+  const std::vector<int32_t>& option_;
+  const std::vector<int32_t>& k_;
+  double tokens_ = 0;
+  int64_t verified_ = 0, drafted_ = 0;
+  std::vector<int64_t> draft_;  // [depth + 1] tokens of draft forward j (index 0 unused)
+  std::vector<std::pair<std::size_t, int64_t>> touched_;
+};
+
 // Hill climbing from `best` over single moves (one draft more or fewer for a request, or
 // one draft moved from one request to another) with the options fixed, taking the best
 // improving move until none improves. The greedy's prefix is exact for linear costs; on
@@ -286,56 +423,33 @@ constexpr std::size_t kPolishLimit = 16;
 // chain for one request can beat a draft each for two).
 Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Allocation* best) {
   const std::size_t n = requests.size();
-  auto value_of = [&](const std::vector<int32_t>& k, double* tokens, double* seconds, bool* ok) -> Status {
-    *ok = true;
-    int64_t verified = 0, drafted = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      const SpecOption* opt = option_of(requests[i], best->option[i]);
-      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
-      if (k[i] < 0 || k[i] > cap || (k[i] > 0 && opt->gains[static_cast<std::size_t>(k[i] - 1)] <= 0)) *ok = false;
-      verified += requests[i].base_tokens + k[i];
-      drafted += k[i];
-    }
-    if (cost.max_target_tokens > 0 && drafted > 0 && verified > cost.max_target_tokens) *ok = false;
-    if (!*ok) return Status::Ok();
-    return evaluate_allocation(requests, cost, k, best->option, tokens, seconds);
-  };
   for (int round = 0; round < 64; ++round) {
-    std::vector<int32_t> best_k;
-    double best_value = best->objective, best_tokens = 0, best_seconds = 0;
-    auto consider = [&](std::vector<int32_t>& k) -> Status {
-      double tokens = 0, seconds = 0;
-      bool ok = false;
-      SPECD_RETURN_IF_ERROR(value_of(k, &tokens, &seconds, &ok));
-      const double value = ok ? objective(cost, tokens, seconds) : 0.0;
-      if (ok && value > best_value + 1e-12 * std::abs(best_value)) {
+    AllocationTotals totals(requests, cost, best->option, best->k);
+    double best_value = best->objective;
+    std::size_t from = n, to = n;  // the best move: from's k - 1 (n: none), to's k + 1 (n: none)
+    auto consider = [&](std::initializer_list<AllocationTotals::Change> changes, std::size_t f, std::size_t t) {
+      double value = 0, tokens = 0, seconds = 0;
+      if (totals.value_after(changes, &value, &tokens, &seconds) && value > best_value + 1e-12 * std::abs(best_value)) {
         best_value = value;
-        best_k = k;
-        best_tokens = tokens;
-        best_seconds = seconds;
+        from = f;
+        to = t;
       }
-      return Status::Ok();
     };
-    std::vector<int32_t> k = best->k;
     for (std::size_t i = 0; i < n; ++i) {
-      for (int32_t step : {1, -1}) {
-        k[i] += step;
-        SPECD_RETURN_IF_ERROR(consider(k));
-        for (std::size_t j = 0; j < n && step < 0; ++j) {
-          if (j == i) continue;
-          ++k[j];
-          SPECD_RETURN_IF_ERROR(consider(k));
-          --k[j];
-        }
-        k[i] -= step;
-      }
+      consider({{i, 1}}, n, i);
+      consider({{i, -1}}, i, n);
+      for (std::size_t j = 0; j < n; ++j)
+        if (j != i) consider({{i, -1}, {j, 1}}, i, j);
     }
-    if (best_k.empty()) break;
-    best->k = std::move(best_k);
-    best->objective = best_value;
-    best->goodput = best_tokens / best_seconds;
-    best->expected_tokens = best_tokens;
-    best->expected_seconds = best_seconds;
+    if (from == n && to == n) break;
+    if (from < n) --best->k[from];
+    if (to < n) ++best->k[to];
+    double tokens = 0, seconds = 0;
+    SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, best->k, best->option, &tokens, &seconds));
+    best->objective = objective(cost, tokens, seconds);
+    best->goodput = tokens / seconds;
+    best->expected_tokens = tokens;
+    best->expected_seconds = seconds;
   }
   return Status::Ok();
 }

@@ -196,6 +196,34 @@ TEST(GoodputOptimizer, ReferenceGoodputObjectiveMatchesBruteForce) {
   EXPECT_GT(plain, 20);
 }
 
+// GPU-like costs (a target flat in the tokens, a draft forward with a large fixed cost) and
+// chains of up to 8 drafts: the optimizer skips draft depths whose bound cannot beat the
+// best so far (goodput_optimizer.h), and must still find deep loops where they pay.
+TEST(GoodputOptimizer, DeepDraftLoopsMatchBruteForce) {
+  std::mt19937 rng(29);
+  std::uniform_real_distribution<double> u(0, 1);
+  int deep = 0, shallow = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const CostModel target = linear(0.015 + 0.01 * u(rng), 0.00002 + 0.0002 * u(rng));
+    const CostModel draft = linear(0.0005 + 0.006 * u(rng), 0.00001 + 0.0001 * u(rng));
+    const RandomDraftStep step(rng, 3, 8, 0.4 + 0.55 * u(rng), 2);
+    StepCostModel cost{&target, &draft, 0.002 * u(rng)};
+    if (trial % 2 == 1) {
+      Allocation own;
+      SPECD_ASSERT_OK(optimize_goodput(step.reqs, cost, &own));
+      cost.reference_goodput = own.goodput * (0.7 + 0.6 * u(rng));
+    }
+    Allocation a;
+    SPECD_ASSERT_OK(optimize_goodput(step.reqs, cost, &a));
+    std::vector<int32_t> best_k;
+    const double best = brute_force(step.reqs, cost, &best_k);
+    EXPECT_NEAR(a.objective, best, 1e-9 * std::max(1.0, std::abs(best))) << "trial " << trial;
+    (a.draft_depth >= 5 ? deep : shallow)++;
+  }
+  EXPECT_GT(deep, 20);  // both regimes are exercised
+  EXPECT_GT(shallow, 20);
+}
+
 // A monotone but non-convex curve through random points, like the ones measured on a
 // 2-core CPU (steep for the first tokens, then nearly flat, with noise steps).
 CostModel bumpy(std::mt19937& rng, double scale) {

@@ -66,7 +66,13 @@ class CostModel {
   // are memoized until the next observe (the controller asks for the same few counts
   // thousands of times per step), so, although const, calls on one object must not run
   // from several threads at once.
-  double predict(int64_t tokens) const;
+  double predict(int64_t tokens) const {
+    if (tokens >= 1 && static_cast<std::size_t>(tokens) < memo_.size()) {
+      const double m = memo_[static_cast<std::size_t>(tokens)];
+      if (m == m) return m;  // memoized (NaN: not yet)
+    }
+    return predict_and_memoize(tokens);
+  }
   // The largest token count to plan for from a step of `tokens` tokens (rules above); at
   // least `tokens`.
   int64_t explored_limit(int64_t tokens) const;
@@ -95,6 +101,7 @@ class CostModel {
   };
   static constexpr int64_t kMemoTokens = 1024;  // predict memoizes counts below this
   static std::size_t bucket_of(int64_t tokens);
+  double predict_and_memoize(int64_t tokens) const;
   void refit();
   double interpolate(double x) const;
 

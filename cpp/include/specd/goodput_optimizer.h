@@ -41,9 +41,14 @@
 //   best prefix so far.
 // - Each K's result is scored exactly and the best is kept; k_i = 0 for all is always a
 //   candidate, so the answer is never predicted to be slower than plain decoding.
+// - A depth K is skipped when an upper bound on any allocation that runs K draft forwards
+//   (the largest gains it could take, over the least those forwards and the target can
+//   cost) does not beat the best so far. The greedy's work grows with K, and deep loops
+//   rarely pay on a GPU, where each draft forward has a large fixed cost.
 // - Steps of up to 16 requests are then polished by local search (one draft more or fewer,
 //   or one moved between two requests, until no move helps): on non-convex curves a deep
-//   chain for one request can beat a draft each for two, which no prefix finds.
+//   chain for one request can beat a draft each for two, which no prefix finds. Each move
+//   is scored from the step's totals, which it changes in at most two draft forwards.
 // - Requests may offer several options (proposers). Options are chosen by each option's net
 //   value sum_j max(0, g_j - lambda c_j) at goodput lambda (the reference goodput when given) (a draft-model option also pays
 //   its share of the draft forwards' fixed cost); candidates with and without the draft
