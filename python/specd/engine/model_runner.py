@@ -78,41 +78,37 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
         query_start.append(query_start[-1] + len(s.input_ids))
     if kernel is None:
         kernel = kernel_attention_wanted(model, segments)
-    if kernel:
-        return _forward_kernel(model, pool, model_index, segments, query_start, logits_rows)
-    tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
-    slots = np.concatenate([s.slots for s in segments])
-    meta = AttentionMetadata(
-        query_start=query_start,
-        kv_lens=[s.kv_len for s in segments],
-        block_tables=torch.from_numpy(tables).to(device=device, dtype=torch.int64),
-        slot_mapping=torch.from_numpy(slots).to(device),
-        positions=torch.cat([s.positions for s in segments]).to(device),
-        masks=[s.mask for s in segments],
-        key_positions=[s.key_positions for s in segments] if model.window else None,
-        has_skipped_slots=bool((slots < 0).any()))
-    input_ids = torch.cat([s.input_ids for s in segments]).to(device)
-    indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
-    return model(input_ids, meta, pool.layers(model_index), indices)
-
-
-def _forward_kernel(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
-                    query_start: list[int], logits_rows: list[int]) -> torch.Tensor:
-    """``forward`` with KernelAttention: the metadata as device tensors (int32 block tables
-    padded with -1, CSR query offsets, KV extents); causal segments only."""
-    if model.window is not None or any(s.mask is not None for s in segments):
+    if kernel and (model.window is not None or any(s.mask is not None for s in segments)):
         raise InvalidArgumentError("kernel attention needs causal segments and no sliding window")
-    device = model.device
-    tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index, pad=-1)
-    meta = DeviceAttentionMetadata(
-        positions=torch.cat([s.positions for s in segments]).to(device),
-        slot_mapping=torch.from_numpy(np.concatenate([s.slots for s in segments])).to(device),
-        block_tables=torch.from_numpy(tables).to(device),
-        query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
-        kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
+    slots = np.concatenate([s.slots for s in segments])
+    positions = torch.cat([s.positions for s in segments]).to(device)
+    slot_mapping = torch.from_numpy(slots).to(device)
+    # The backend is passed only when it is not the model's own: models that replay recorded
+    # forwards (bench load --simulated) take no such argument.
+    extra = {}
+    if kernel:
+        # KernelAttention's metadata: device tensors, int32 block tables padded with -1, CSR
+        # query offsets, KV extents.
+        tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index, pad=-1)
+        meta = DeviceAttentionMetadata(
+            positions=positions, slot_mapping=slot_mapping, block_tables=torch.from_numpy(tables).to(device),
+            query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
+            kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
+        extra["backend"] = KernelAttention()
+    else:
+        tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
+        meta = AttentionMetadata(
+            query_start=query_start,
+            kv_lens=[s.kv_len for s in segments],
+            block_tables=torch.from_numpy(tables).to(device=device, dtype=torch.int64),
+            slot_mapping=slot_mapping,
+            positions=positions,
+            masks=[s.mask for s in segments],
+            key_positions=[s.key_positions for s in segments] if model.window else None,
+            has_skipped_slots=bool((slots < 0).any()))
     input_ids = torch.cat([s.input_ids for s in segments]).to(device)
     indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
-    return model(input_ids, meta, pool.layers(model_index), indices, backend=KernelAttention())
+    return model(input_ids, meta, pool.layers(model_index), indices, **extra)
 
 
 def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) -> Segment:
