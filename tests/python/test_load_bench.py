@@ -137,6 +137,37 @@ def test_sweep_rotates_the_policy_order_per_repetition(world):
     assert [r["policy"] for r in rows] == ["ngram k=1", "ngram k=2", "ngram k=3"]  # rows stay in policy order
 
 
+def test_sweep_keeps_warm_policies_across_runs(world, tmp_path):
+    """warm_policies: one policy object per spec for the whole sweep, so what the goodput
+    controller measured in earlier runs is still there in later ones (here: every target
+    forward of every run is in its cost model); the default gives every run a new policy."""
+    w, _ = world
+    spec = specd.SpeculationConfig(method="ngram", num_speculative_tokens="auto", policy="goodput")
+    policies = [load.PolicySpec("goodput", spec)]
+    for warm in (True, False):
+        made = []
+
+        def make_llm(s, policy=None):
+            llm = specd.LLM.from_models(w.model("target"), None, s, num_kv_pages=512, max_num_seqs=2,
+                                        timer=SyntheticTimer(GPUProfile(step_overhead=0.0)), policy=policy)
+            made.append(llm)
+            return llm
+
+        trace = tmp_path / f"warm{warm}"
+        rows = load.sweep(make_llm, policies, w.prompts[:2], [1.0, 8.0], 2, MAX_TOKENS, "virtual", w.outputs[:2],
+                          log=lambda m: None, reps=2, trace_dir=trace, warm_policies=warm)
+        assert len(made) == 4 and all(r["identical_outputs"] for r in rows)
+        inner = [llm.engine.policy.inner for llm in made]  # each run's TracedPolicy wraps the policy
+        steps = [llm.engine.timings.steps for llm in made]
+        if warm:
+            assert all(p is inner[0] for p in inner)
+            assert inner[0].costs["target"].samples == sum(steps)
+        else:
+            assert len({id(p) for p in inner}) == 4
+            assert [p.costs["target"].samples for p in inner] == steps
+        assert all(load_trace(f)["warm"] is warm for f in trace.glob("*.json"))
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)
@@ -373,12 +404,16 @@ def test_cli_simulated_with_a_measured_gpu_profile(tiny_llama_dir, tiny_llama_dr
 
 
 def test_cli_rate_multiples(tiny_llama_dir, tmp_path, monkeypatch):
-    """--rate-multiples: rates as multiples of the measured single-request rate."""
+    """--rate-multiples: rates as multiples of the measured single-request rate (here with
+    --warm-policies, recorded in the settings)."""
     monkeypatch.setenv("SPECD_CACHE", str(tmp_path / "cache"))
     r = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--method", "ngram", "--requests", "3",
-                "--max-tokens", "6", "--rate-multiples", "1,4", "--max-num-seqs", "3", "--json", tmp_path / "m.json")
+                "--max-tokens", "6", "--rate-multiples", "1,4", "--max-num-seqs", "3", "--json", tmp_path / "m.json",
+                "--warm-policies")
     assert r.returncode == 0, r.stderr
-    rates = json.loads((tmp_path / "m.json").read_text())["rates"]
+    out = json.loads((tmp_path / "m.json").read_text())
+    rates = out["rates"]
     assert len(rates) == 2 and rates[1] == pytest.approx(4 * rates[0])
+    assert out["settings"]["warm_policies"] is True
     bad = run_cli("bench", "load", "--simulated", "--target", tiny_llama_dir, "--rates", "1", "--rate-multiples", "2")
     assert bad.returncode == 2 and "not both" in bad.stderr

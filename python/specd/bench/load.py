@@ -147,7 +147,7 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
           prompts: Sequence[list[int]], rates: Sequence[float], requests: int, max_tokens: int, clock: str,
           expected: Optional[Sequence[list[int]]] = None, seed: int = 0,
           log: Callable[[str], None] = print, warmup: Optional[list[int]] = None, reps: int = 1,
-          trace_dir: Optional[Path] = None) -> list[dict]:
+          trace_dir: Optional[Path] = None, warm_policies: bool = False) -> list[dict]:
     """Every policy at every rate (same arrivals for all policies of a rate); one summary row each.
     ``warmup``: a prompt every LLM serves once, untimed, before its arrivals (the same for every
     policy; a held-out prompt, so no proposer's cache has seen the timed ones).
@@ -161,12 +161,21 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
     ``trace_dir``: every run's policy is wrapped in a TracedPolicy (engine/policy_trace.py) and
     its calls, warm-up included (``timed_from``: the first event of the timed arrivals), are
     written to ``rate<i>_<policy>_rep<j>.json`` there; ``make_llm`` is then called with the
-    traced policy as ``policy=``."""
+    traced policy as ``policy=``.
+    ``warm_policies``: each policy spec has one policy object for the whole sweep, passed to
+    ``make_llm`` as ``policy=`` in every run, so what it learnt (costs, acceptance, load)
+    carries over from run to run and rate to rate, as in a server that has been running;
+    default: every run starts with a fresh policy. Every run ends with all its requests
+    finished, so no request's state carries over. Traces of warm runs (``warm`` in their
+    metadata) record only their own run's calls: a replay, which starts a fresh policy, does
+    not reproduce them."""
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
     if trace_dir is not None:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     rows = []
+    kept = {spec.label: make_policy(spec.speculation.policy, spec.speculation) for spec in policies} \
+        if warm_policies else {}
     for r, rate in enumerate(rates):
         arrivals = poisson_arrivals(rate, requests, seed + r)
         runs: dict[str, list[dict]] = {spec.label: [] for spec in policies}
@@ -174,12 +183,10 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
             shift = rep * len(policies) // reps
             for spec in list(policies[shift:]) + list(policies[:shift]):
                 t = time.perf_counter()
-                traced = None
+                traced, policy = None, kept.get(spec.label)
                 if trace_dir is not None:
-                    traced = TracedPolicy(make_policy(spec.speculation.policy, spec.speculation))
-                    llm = make_llm(spec.speculation, policy=traced)
-                else:
-                    llm = make_llm(spec.speculation)
+                    policy = traced = TracedPolicy(policy or make_policy(spec.speculation.policy, spec.speculation))
+                llm = make_llm(spec.speculation, policy=policy) if policy is not None else make_llm(spec.speculation)
                 if warmup is not None:
                     llm.generate([list(warmup)], SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                                                 ignore_eos=True))
@@ -188,7 +195,8 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
                 if traced is not None:
                     slug = re.sub(r"[^A-Za-z0-9]+", "_", spec.label).strip("_")
                     traced.save(Path(trace_dir) / f"rate{r}_{slug}_rep{rep}.json", policy=spec.label, rate=rate,
-                                rep=rep, timed_from=timed_from, speculation=asdict(spec.speculation))
+                                rep=rep, timed_from=timed_from, speculation=asdict(spec.speculation),
+                                warm=warm_policies)
                 runs[spec.label].append(run)
                 log(f"rate {rate:.3g}/s {spec.label}{f' (run {rep + 1}/{reps})' if reps > 1 else ''}: mean latency "
                     f"{run['latency_mean_s']:.3f} s, mean k {run['mean_k']:.2f} ({time.perf_counter() - t:.1f} s)")

@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
     p.add_argument("--reps", type=int, default=1,
                    help="runs per policy and rate, interleaved; rows report the run of median mean latency "
                         "(use 3 or more on the real pair, whose run-to-run noise is large)")
+    p.add_argument("--warm-policies", action="store_true",
+                   help="each policy keeps what it learnt (costs, acceptance, load) across all its runs, as in a "
+                        "server that has been running (default: every run starts with a fresh policy, which "
+                        "on short runs also measures its cold start)")
     g = p.add_argument_group("synthetic GPU profile (--simulated; seconds = base + max(0, tokens - knee) * per_token)")
     g.add_argument("--target-ms", type=float, default=20.0, help="target forward time below the knee (ms)")
     g.add_argument("--target-knee", type=int, default=64, help="tokens a target forward takes at flat cost")
@@ -103,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         rates = [base * m for m in (args.rate_multiples or ((0.5, 2, 8, 32, 128) if sim else (0.5, 32)))]
         log(f"one request alone takes {single.latencies[0]:.3f} s: rates {', '.join(f'{r:.3g}' for r in rates)}/s")
     rows = load.sweep(make_llm, policies, prompts, rates, args.requests, args.max_tokens, clock, expected,
-                      args.seed, log, warmup=warmup, reps=args.reps, trace_dir=args.trace)
+                      args.seed, log, warmup=warmup, reps=args.reps, trace_dir=args.trace,
+                      warm_policies=args.warm_policies)
     cmp = load.compare(rows)
     print(title)
     print(load.table(rows))
