@@ -168,6 +168,42 @@ def test_sweep_keeps_warm_policies_across_runs(world, tmp_path):
         assert all(load_trace(f)["warm"] is warm for f in trace.glob("*.json"))
 
 
+def test_divergences_from_the_reference_are_recorded_and_explained(world, tiny_llama_dir):
+    """A run records each differing request's first difference; divergence.explain runs the
+    plain target over the shared prefix and reports how far the reference's token led there
+    (a real lead here: the 'produced' token is the runner-up)."""
+    from specd.bench import divergence
+    from specd.cli.bench_load import _explain_divergences
+
+    _, prompts = world
+    llm = specd.LLM(tiny_llama_dir, dtype="float32", max_num_seqs=2)
+    model = llm.target
+    reference = [o.token_ids for o in llm.generate(prompts[:2], greedy(max_tokens=MAX_TOKENS))]
+    prompt, out = prompts[1], reference[1]
+    for j in (0, 5, len(out) - 1):  # the forward agrees with the engine's greedy decoding
+        assert int(divergence.next_token_logits(model, prompt + out[:j]).argmax()) == out[j]
+    logits = divergence.next_token_logits(model, prompt + out[:3])
+    runner_up = int(logits.topk(2).indices[1])
+    got = out[:3] + [runner_up] + out[4:]
+    x = divergence.explain(model, prompt, out, got)
+    assert x["position"] == 3 and x["expected_token"] == out[3] and x["got_token"] == runner_up
+    assert x["expected_is_argmax"] and x["got_rank"] == 1 and x["dtype"] == "float32"
+    assert x["logit_lead"] == pytest.approx(float(logits[out[3]] - logits[runner_up]))
+    assert x["logit_lead"] > 0 and x["lead_ulps"] > 1e3 and not x["near_tie"]  # float32: far from a tie
+    assert divergence.explain(model, prompt, out, out) is None
+    assert divergence.first_difference([1, 2], [1, 2, 3]) == 2 and divergence.first_difference([1], [1]) is None
+
+    # run_load: the request of prompt 1 differs from a doctored reference at token 3.
+    expected = [list(o) for o in reference]
+    expected[1][3] = runner_up
+    res = load.run_load(llm, prompts[:2], [0.0, 0.0], MAX_TOKENS, "wall", expected)
+    assert not res.identical and res.divergences == [{"prompt": 1, "position": 3, "got": out[:4]}]
+    rows = [{**res.summary(), "policy": "none"}]
+    explained = _explain_divergences(rows, lambda i, g: divergence.explain(model, prompts[i], expected[i], g))
+    assert len(explained) == 1 and explained[0]["policies"] == ["none @ 0/s"]
+    assert explained[0]["logit_lead"] == pytest.approx(-x["logit_lead"])  # the doctored token was the runner-up
+
+
 def test_poisson_arrivals_have_the_asked_rate():
     t = np.asarray(load.poisson_arrivals(50.0, 20001, seed=3))
     assert t[0] == 0 and np.all(np.diff(t) >= 0)

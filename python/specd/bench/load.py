@@ -30,6 +30,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from specd.bench.divergence import first_difference
 from specd.engine.params import SamplingParams, SpeculationConfig
 from specd.engine.policies import make_policy
 from specd.engine.policy_trace import TracedPolicy
@@ -60,6 +61,9 @@ def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
     return np.cumsum(gaps).tolist()
 
 
+MAX_DIVERGENCES = 8  # differing requests recorded per run
+
+
 @dataclass
 class RunResult:
     policy: str
@@ -73,6 +77,9 @@ class RunResult:
     mean_batch: float = 0.0
     engine_metrics: dict = field(default_factory=dict)
     identical: bool = True
+    # Requests whose output differed from the expected one: the prompt's index, the first
+    # differing position and the output up to and including it (bench/divergence.py).
+    divergences: list = field(default_factory=list)
 
     def summary(self) -> dict:
         lat = np.asarray(self.latencies)
@@ -85,7 +92,7 @@ class RunResult:
                 "mean_batch": self.mean_batch, "mean_k": self.engine_metrics.get("mean_k", 0.0),
                 "speculating_share": self.engine_metrics.get("speculating_share", 0.0),
                 "acceptance_rate": self.engine_metrics.get("acceptance_rate", 0.0),
-                "identical_outputs": self.identical}
+                "identical_outputs": self.identical, "divergences": self.divergences}
 
 
 def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_tokens: int, clock: str,
@@ -134,8 +141,13 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
             if n > 1:
                 result.tpots.append((now - first[req.id]) / (n - 1))
             result.tokens += n
-            if expected is not None and req.output_ids != list(expected[i % len(expected)][:max_tokens]):
+            want = list(expected[i % len(expected)][:max_tokens]) if expected is not None else None
+            if want is not None and req.output_ids != want:
                 result.identical = False
+                pos = first_difference(want, req.output_ids)
+                if len(result.divergences) < MAX_DIVERGENCES:
+                    result.divergences.append({"prompt": i % len(expected), "position": pos,
+                                               "got": list(req.output_ids[:pos + 1])})
     result.makespan = now - (arrivals[0] if arrivals else 0.0)
     result.busy = engine.timings.step_s - busy_before
     result.mean_batch = float(np.mean(batch_sizes)) if batch_sizes else 0.0
@@ -212,6 +224,12 @@ def _median_run(runs: list[dict]) -> dict:
     row["reps"] = len(runs)
     row["latency_mean_s_runs"] = [x["latency_mean_s"] for x in runs]
     row["identical_outputs"] = all(x["identical_outputs"] for x in runs)
+    seen, row["divergences"] = set(), []
+    for d in (d for x in runs for d in x["divergences"]):
+        key = (d["prompt"], d["position"], tuple(d["got"][-1:]))
+        if key not in seen:
+            seen.add(key)
+            row["divergences"].append(d)
     return row
 
 

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     setup = (_simulated if sim else _real)(args, target, draft, method, log)
     make_llm, prompts, expected, clock, title, extra = setup
     warmup = extra.pop("warmup", None)
+    explain = extra.pop("explain", None)
     policies = load.default_policies(method, switch_off_batch=args.switch_off_batch)
     rates = args.rates
     if rates is None:
@@ -123,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
               f"(worst {worst_none:.3f})")
     mismatched = sorted({r["policy"] for r in rows if not r["identical_outputs"]})
     print("greedy outputs identical to plain decoding:", "yes" if not mismatched else f"NO: {mismatched}")
+    if mismatched and explain is not None:
+        extra["divergences"] = _explain_divergences(rows, explain)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "run"}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +138,32 @@ def run(args: argparse.Namespace) -> int:
         load.plot(rows, path, title)
         print(f"wrote {path}")
     return 1 if mismatched else 0
+
+
+def _explain_divergences(rows: list[dict], explain) -> list[dict]:
+    """Every distinct first difference from the reference in the sweep, explained by the plain
+    target (bench/divergence.py), printed and returned for the JSON."""
+    from specd.bench import divergence
+
+    found: dict[tuple, dict] = {}
+    for r in rows:
+        for d in r["divergences"]:
+            key = (d["prompt"], d["position"], d["got"][-1])
+            if key not in found:
+                found[key] = {"policies": [], **d, **(explain(d["prompt"], d["got"]) or {})}
+            found[key]["policies"].append(f"{r['policy']} @ {r['rate']:.3g}/s")
+    out = sorted(found.values(), key=lambda x: (x["prompt"], x["position"]))
+    ties = sum(1 for x in out if x.get("near_tie"))
+    print(f"first differences from the reference: {len(out)}, of which {ties} at near-ties of the plain target "
+          f"(the reference's token led by at most {divergence.NEAR_TIE_ULPS:g} ulps of its dtype; rounding, "
+          f"not speculation)")
+    for x in out:
+        if "logit_lead" in x:
+            print(f"  prompt {x['prompt']} token {x['position']}: reference {x['expected_token']}, got "
+                  f"{x['got_token']} (rank {x['got_rank']}); lead {x['logit_lead']:.4g} logits = "
+                  f"{x['lead_ulps']:.3g} {x['dtype']} ulps{'' if x['near_tie'] else ' -- NOT a near-tie'}; "
+                  f"in {len(x['policies'])} runs' rows")
+    return out
 
 
 def _fitting(prompts: list, limit: int, log) -> list:
@@ -213,6 +242,7 @@ def _where(device: str) -> str:
 
 
 def _real(args, target, draft, method, log):
+    from specd.bench import divergence
     from specd.bench.prompts import load_prompts
     from specd.engine.llm import LLM
     from specd.engine.params import SamplingParams, SpeculationConfig
@@ -264,4 +294,7 @@ def _real(args, target, draft, method, log):
              f"tokens per rate; max batch {args.max_num_seqs}; method {method}")
     if held_out is not None:
         title += f"; each LLM first serves one untimed warm-up request ({len(held_out)}-token held-out prompt)"
-    return make_llm, prompts, expected, "wall", title, {"synthetic": False, "warmup": held_out}
+    def explain(prompt: int, got: list[int]):
+        return divergence.explain(target_model, prompts[prompt], expected[prompt], got)
+
+    return make_llm, prompts, expected, "wall", title, {"synthetic": False, "warmup": held_out, "explain": explain}
