@@ -122,12 +122,8 @@ double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth, bool e
   const Counts& g = global_[static_cast<std::size_t>(proposer)];
   const auto d = static_cast<std::size_t>(std::clamp(depth, 1, config_.max_depth) - 1);
   if (explore && d == 0 && !explored_[static_cast<std::size_t>(proposer)]) return 1.0;
-  // Each depth's counts shrunk towards the estimate of the depth above (header: an untested
-  // depth starts where the tested ones end).
   const double m = config_.prior_strength;
-  double estimate = config_.initial_alpha;
-  for (std::size_t i = 0; i <= d; ++i) estimate = (g.successes[i] + m * estimate) / (g.trials[i] + m);
-  return estimate;
+  return (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
 }
 
 bool AcceptanceEstimator::explored(int32_t proposer) const {

@@ -13,13 +13,7 @@
 //   proposer's global estimate g with prior strength m. A new request therefore starts at
 //   what the proposer achieves on other requests, and moves to its own rate after a few
 //   steps.
-// - The global estimate is hierarchical: depth 1's counts are shrunk towards initial_alpha,
-//   and each deeper depth's towards the estimate of the depth above (same strength m). An
-//   untested depth thus starts where the tested ones end, initial_alpha before any data.
-//   (With initial_alpha for every untested depth, a controller that had learnt alpha_1 =
-//   0.8 at k = 1 priced the second draft at 0.8 x 0.6 and never tried it: on the
-//   H100-profile sweep of 16 requests it drafted one token for a hundred steps where k = 2
-//   was best, 1.04x the best static k.)
+// - Before any observation at all, g = initial_alpha at depths 2 and deeper.
 // - Exploration at depth 1: until the proposer has been verified exploration_trials times
 //   (a plain count over the run, never decayed or faded; once reached, for good), its
 //   depth-1 estimate g is 1,
