@@ -62,6 +62,16 @@ def test_run_load_on_the_virtual_clock(world):
     res = load.run_load(llm, w.prompts[:1], [0.0, 100.0], MAX_TOKENS, "virtual", w.outputs[:1])
     assert res.identical and len(res.latencies) == 2
     assert res.latencies[0] == pytest.approx(0.020 * MAX_TOKENS) == pytest.approx(res.latencies[1])
+    # The run's own steps split by phase (the profile: 20 ms per target forward, no overhead).
+    summary = res.summary()
+    assert res.steps == 2 * MAX_TOKENS and summary["steps"] == res.steps
+    assert summary["target_ms_per_step"] == pytest.approx(20.0) and summary["draft_ms_per_step"] == 0.0
+    assert summary["other_ms_per_step"] == pytest.approx(0.0, abs=1e-9)
+    llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=1,
+                                timer=SyntheticTimer(GPUProfile(step_overhead=0.003)))
+    llm.generate(w.prompts[:1], greedy(max_tokens=4))  # earlier steps are not the run's
+    res = load.run_load(llm, w.prompts[:1], [0.0], MAX_TOKENS, "virtual", w.outputs[:1])
+    assert res.steps == MAX_TOKENS and res.summary()["other_ms_per_step"] == pytest.approx(3.0)
     # Both at once with a batch limit of 1: the second waits for the first.
     llm = specd.LLM.from_models(w.model("target"), None, spec, num_kv_pages=512, max_num_seqs=1,
                                 timer=SyntheticTimer(GPUProfile(step_overhead=0.0)))

@@ -76,6 +76,14 @@ class RunResult:
     busy: float = 0.0
     mean_batch: float = 0.0
     engine_metrics: dict = field(default_factory=dict)
+    # The run's steps and their time by phase (seconds, as the engine's clock counts them):
+    # target forwards, draft forwards, and everything else (scheduling, proposing, the
+    # policy's decisions, verification, input packing; on the virtual clock the profile's
+    # constant step overhead).
+    steps: int = 0
+    target_s: float = 0.0
+    draft_s: float = 0.0
+    other_s: float = 0.0
     identical: bool = True
     # Requests whose output differed from the expected one: the prompt's index, the first
     # differing position and the output up to and including it (bench/divergence.py).
@@ -92,6 +100,8 @@ class RunResult:
                 "mean_batch": self.mean_batch, "mean_k": self.engine_metrics.get("mean_k", 0.0),
                 "speculating_share": self.engine_metrics.get("speculating_share", 0.0),
                 "acceptance_rate": self.engine_metrics.get("acceptance_rate", 0.0),
+                "steps": self.steps, **{f"{phase}_ms_per_step": 1e3 * getattr(self, f"{phase}_s") / max(1, self.steps)
+                                        for phase in ("target", "draft", "other")},
                 "identical_outputs": self.identical, "divergences": self.divergences}
 
 
@@ -112,6 +122,8 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
     t0 = time.perf_counter()
     now = 0.0
     busy_before = engine.timings.step_s
+    t = engine.timings
+    phases_before = (t.steps, t.target_forward_s, t.draft_forward_s, t.other_s)
     while pending or active:
         while pending and pending[0][1] <= now:
             i, at = pending.popleft()
@@ -150,6 +162,9 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
                                                "got": list(req.output_ids[:pos + 1])})
     result.makespan = now - (arrivals[0] if arrivals else 0.0)
     result.busy = engine.timings.step_s - busy_before
+    result.steps, result.target_s, result.draft_s, result.other_s = (
+        after - before for after, before in zip((t.steps, t.target_forward_s, t.draft_forward_s, t.other_s),
+                                                phases_before))
     result.mean_batch = float(np.mean(batch_sizes)) if batch_sizes else 0.0
     result.engine_metrics = engine.metrics()
     return result
@@ -253,13 +268,13 @@ def compare(rows: list[dict]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = (f"{'rate/s':>8} {'policy':<20} {'batch':>6} {'mean k':>6} {'acc':>5} {'lat mean':>9} {'p50':>8} "
-            f"{'p99':>8} {'TTFT':>8} {'TPOT ms':>8} {'thru t/s':>9} {'good t/s':>9} {'same':>5}")
+            f"{'p99':>8} {'TTFT':>8} {'TPOT ms':>8} {'thru t/s':>9} {'good t/s':>9} {'host ms':>7} {'same':>5}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['rate']:>8.3g} {r['policy']:<20} {r['mean_batch']:>6.1f} {r['mean_k']:>6.2f} "
                      f"{r['acceptance_rate']:>5.2f} {r['latency_mean_s']:>9.3f} {r['latency_p50_s']:>8.3f} "
                      f"{r['latency_p99_s']:>8.3f} {r['ttft_mean_s']:>8.3f} {1000 * r['tpot_mean_s']:>8.2f} "
-                     f"{r['throughput_tok_s']:>9.1f} {r['goodput_tok_s']:>9.1f} "
+                     f"{r['throughput_tok_s']:>9.1f} {r['goodput_tok_s']:>9.1f} {r['other_ms_per_step']:>7.2f} "
                      f"{'yes' if r['identical_outputs'] else 'NO':>5}")
     return "\n".join(lines)
 
