@@ -139,6 +139,85 @@ class StepState {
   double draft_seconds_ = 0;   // sum of draft_cost over the forwards
 };
 
+// The totals of an allocation with fixed options (expected tokens, verified tokens, drafted
+// tokens, tokens of each draft forward). evaluate_allocation reads them; polish, which tries
+// O(n^2) moves per round, finds the value of changing one or two requests' k by one from
+// them with O(draft depth) cached predictions instead of re-evaluating every request.
+class AllocationTotals {
+ public:
+  struct Change {
+    std::size_t request = 0;
+    int32_t delta = 0;  // +1 or -1
+  };
+
+  // `k` must be allowed by `option` (0 <= k <= its gains; 0 without an option).
+  AllocationTotals(Span<const SpecRequest> requests, const StepCostModel& cost, Span<const int32_t> option,
+                   Span<const int32_t> k)
+      : requests_(requests), cost_(cost), option_(option), k_(k) {
+    std::size_t depth = 1;
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      if (const SpecOption* opt = option_of(requests[i], option[i])) depth = std::max(depth, opt->gains.size());
+    draft_.assign(depth + 1, 0);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      tokens_ += 1.0;
+      verified_ += requests[i].base_tokens + k[i];
+      drafted_ += k[i];
+      const SpecOption* opt = option_of(requests[i], option[i]);
+      for (int32_t j = 0; j < k[i]; ++j) tokens_ += opt->gains[static_cast<std::size_t>(j)];
+      if (opt != nullptr && opt->uses_draft_model)
+        for (int32_t j = 1; j <= k[i]; ++j) draft_[static_cast<std::size_t>(j)] += draft_forward_tokens(*opt, static_cast<std::size_t>(j));
+    }
+  }
+
+  // Whether `changes` (to different requests) give an allocation polish may take: k within
+  // [0, gains], a last draft with some gain, and no more verified tokens than the limit
+  // while drafting.
+  bool allows(std::initializer_list<Change> changes) const {
+    int64_t verified = verified_, drafted = drafted_;
+    for (const Change& c : changes) {
+      const SpecOption* opt = option_of(requests_[c.request], option_[c.request]);
+      const int32_t k = k_[c.request] + c.delta;
+      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
+      if (k < 0 || k > cap || (k > 0 && opt->gains[static_cast<std::size_t>(k - 1)] <= 0)) return false;
+      verified += c.delta;
+      drafted += c.delta;
+    }
+    return !(cost_.max_target_tokens > 0 && drafted > 0 && verified > cost_.max_target_tokens);
+  }
+
+  // Expected tokens and seconds after `changes` (allowed ones; none: the allocation itself).
+  void totals_after(std::initializer_list<Change> changes, double* tokens, double* seconds) {
+    double e = tokens_;
+    int64_t verified = verified_;
+    touched_.clear();
+    for (const Change& c : changes) {
+      const SpecOption* opt = option_of(requests_[c.request], option_[c.request]);
+      const std::size_t j = static_cast<std::size_t>(k_[c.request] + (c.delta > 0 ? 1 : 0));  // the draft added or removed
+      e += c.delta * opt->gains[j - 1];
+      verified += c.delta;
+      if (opt->uses_draft_model) touched_.push_back({j, c.delta * draft_forward_tokens(*opt, j)});
+    }
+    for (const auto& [j, d] : touched_) draft_[j] += d;
+    double s = cost_.fixed_seconds + cost_.target->predict(verified);
+    if (cost_.draft != nullptr)
+      for (std::size_t j = 1; j < draft_.size(); ++j)
+        if (draft_[j] > 0) s += cost_.draft->predict(draft_[j]);
+    for (const auto& [j, d] : touched_) draft_[j] -= d;
+    *tokens = e;
+    *seconds = std::max(s, kTiny);
+  }
+
+ private:
+  Span<const SpecRequest> requests_;
+  const StepCostModel& cost_;
+  Span<const int32_t> option_;
+  Span<const int32_t> k_;
+  double tokens_ = 0;
+  int64_t verified_ = 0, drafted_ = 0;
+  std::vector<int64_t> draft_;  // [depth + 1] tokens of draft forward j (index 0 unused)
+  std::vector<std::pair<std::size_t, int64_t>> touched_;
+};
+
 // Greedy allocation at prepaid draft depth K; returns the ks: the best prefix of the greedy
 // order, looking a draft per request plus a chain past the last improvement (rules in the
 // header: measured curves are not convex, so a draft that does not pay alone can be followed
@@ -191,28 +270,13 @@ Status evaluate_allocation(Span<const SpecRequest> requests, const StepCostModel
   if (k.size() != requests.size() || option.size() != requests.size())
     return error_status(StatusCode::kInvalidArgument, "evaluate_allocation: sizes differ");
   if (cost.target == nullptr) return error_status(StatusCode::kInvalidArgument, "no target cost model");
-  double t = 0;
-  int64_t target_tokens = 0;
-  std::vector<int64_t> draft(1, 0);
   for (std::size_t i = 0; i < requests.size(); ++i) {
-    const SpecRequest& r = requests[i];
-    t += 1.0;
-    target_tokens += r.base_tokens + k[i];
     if (k[i] == 0) continue;
-    const SpecOption* opt = option_of(r, option[i]);
+    const SpecOption* opt = option_of(requests[i], option[i]);
     if (opt == nullptr || k[i] < 0 || static_cast<std::size_t>(k[i]) > opt->gains.size())
       return error_status(StatusCode::kInvalidArgument, "request ", i, ": k ", k[i], " is not allowed by its option");
-    for (int32_t j = 0; j < k[i]; ++j) t += opt->gains[static_cast<std::size_t>(j)];
-    if (opt->uses_draft_model) {
-      if (draft.size() <= static_cast<std::size_t>(k[i])) draft.resize(static_cast<std::size_t>(k[i]) + 1, 0);
-      for (int32_t j = 1; j <= k[i]; ++j) draft[static_cast<std::size_t>(j)] += draft_forward_tokens(*opt, static_cast<std::size_t>(j));
-    }
   }
-  double s = cost.fixed_seconds + cost.target->predict(target_tokens);
-  for (std::size_t j = 1; j < draft.size(); ++j)
-    if (draft[j] > 0 && cost.draft != nullptr) s += cost.draft->predict(draft[j]);
-  *tokens = t;
-  *seconds = std::max(s, kTiny);
+  AllocationTotals(requests, cost, option, k).totals_after({}, tokens, seconds);
   return Status::Ok();
 }
 
@@ -345,77 +409,6 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
 // Steps of up to this many requests get their allocation polished by local search.
 constexpr std::size_t kPolishLimit = 16;
 
-// The totals of an allocation with fixed options (expected tokens, verified tokens, drafted
-// tokens, tokens of each draft forward), from which the value of changing one or two
-// requests' k by one is found with O(draft depth) cached predictions instead of
-// re-evaluating every request (polish tries O(n^2) such moves per round).
-class AllocationTotals {
- public:
-  AllocationTotals(Span<const SpecRequest> requests, const StepCostModel& cost, const std::vector<int32_t>& option,
-                   const std::vector<int32_t>& k)
-      : requests_(requests), cost_(cost), option_(option), k_(k) {
-    std::size_t depth = 1;
-    for (std::size_t i = 0; i < requests.size(); ++i)
-      if (const SpecOption* opt = option_of(requests[i], option[i])) depth = std::max(depth, opt->gains.size());
-    draft_.assign(depth + 1, 0);
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      tokens_ += 1.0;
-      verified_ += requests[i].base_tokens + k[i];
-      drafted_ += k[i];
-      const SpecOption* opt = option_of(requests[i], option[i]);
-      for (int32_t j = 0; j < k[i]; ++j) tokens_ += opt->gains[static_cast<std::size_t>(j)];
-      if (opt != nullptr && opt->uses_draft_model)
-        for (int32_t j = 1; j <= k[i]; ++j) draft_[static_cast<std::size_t>(j)] += draft_forward_tokens(*opt, static_cast<std::size_t>(j));
-    }
-  }
-
-  struct Change {
-    std::size_t request = 0;
-    int32_t delta = 0;  // +1 or -1
-  };
-
-  // The objective after `changes` (changes to different requests), or false when the result
-  // is not allowed: k outside [0, gains], a last draft with no gain, or more verified tokens
-  // than the limit while drafting.
-  bool value_after(std::initializer_list<Change> changes, double* value, double* tokens, double* seconds) {
-    double e = tokens_;
-    int64_t verified = verified_, drafted = drafted_;
-    touched_.clear();
-    for (const Change& c : changes) {
-      const SpecOption* opt = option_of(requests_[c.request], option_[c.request]);
-      const int32_t k = k_[c.request] + c.delta;
-      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
-      if (k < 0 || k > cap || (k > 0 && opt->gains[static_cast<std::size_t>(k - 1)] <= 0)) return false;
-      const std::size_t j = static_cast<std::size_t>(c.delta > 0 ? k : k + 1);  // the draft added or removed
-      e += c.delta * opt->gains[j - 1];
-      verified += c.delta;
-      drafted += c.delta;
-      if (opt->uses_draft_model) touched_.push_back({j, c.delta * draft_forward_tokens(*opt, j)});
-    }
-    if (cost_.max_target_tokens > 0 && drafted > 0 && verified > cost_.max_target_tokens) return false;
-    for (const auto& [j, d] : touched_) draft_[j] += d;
-    double s = cost_.fixed_seconds + cost_.target->predict(verified);
-    if (cost_.draft != nullptr)
-      for (std::size_t j = 1; j < draft_.size(); ++j)
-        if (draft_[j] > 0) s += cost_.draft->predict(draft_[j]);
-    for (const auto& [j, d] : touched_) draft_[j] -= d;
-    *tokens = e;
-    *seconds = std::max(s, kTiny);
-    *value = objective(cost_, *tokens, *seconds);
-    return true;
-  }
-
- private:
-  Span<const SpecRequest> requests_;
-  const StepCostModel& cost_;
-  const std::vector<int32_t>& option_;
-  const std::vector<int32_t>& k_;
-  double tokens_ = 0;
-  int64_t verified_ = 0, drafted_ = 0;
-  std::vector<int64_t> draft_;  // [depth + 1] tokens of draft forward j (index 0 unused)
-  std::vector<std::pair<std::size_t, int64_t>> touched_;
-};
-
 // Hill climbing from `best` over single moves (one draft more or fewer for a request, or
 // one draft moved from one request to another) with the options fixed, taking the best
 // improving move until none improves. The greedy's prefix is exact for linear costs; on
@@ -428,8 +421,11 @@ Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Alloc
     double best_value = best->objective;
     std::size_t from = n, to = n;  // the best move: from's k - 1 (n: none), to's k + 1 (n: none)
     auto consider = [&](std::initializer_list<AllocationTotals::Change> changes, std::size_t f, std::size_t t) {
-      double value = 0, tokens = 0, seconds = 0;
-      if (totals.value_after(changes, &value, &tokens, &seconds) && value > best_value + 1e-12 * std::abs(best_value)) {
+      if (!totals.allows(changes)) return;
+      double tokens = 0, seconds = 0;
+      totals.totals_after(changes, &tokens, &seconds);
+      const double value = objective(cost, tokens, seconds);
+      if (value > best_value + 1e-12 * std::abs(best_value)) {
         best_value = value;
         from = f;
         to = t;
