@@ -128,14 +128,19 @@ class Engine:
         forward_s += target_s
         finished, row = [], 0
         self._emitted = 0
+        # Greedy requests verify from their rows' argmax: one device op and one copy to the
+        # host for the whole step (per request, each would be a launch and a host sync).
+        greedy = any(it.decide and it.request.params.greedy for it in items)
+        argmax = logits.argmax(dim=-1).cpu().numpy() if greedy else None
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
                 continue
             tree = trees[it.request.id]
             rows = logits[row:row + len(tree)]
+            top = argmax[row:row + len(tree)] if argmax is not None else None
             row += len(tree)
-            if self._accept(it, tree, rows, draft_dists.get(it.request.id)):
+            if self._accept(it, tree, rows, draft_dists.get(it.request.id), top):
                 finished.append(it.request)
         step_s = self.timer.step_seconds(forward_s)
         observe_overhead = getattr(self.policy, "observe_overhead", None)
@@ -227,11 +232,14 @@ class Engine:
         self.pool.blocks.commit(req.id, it.num_prefix, model=TARGET)
         req.computed[TARGET] += it.num_prefix
 
-    def _accept(self, it: WorkItem, tree: TokenTree, rows: torch.Tensor, draft_q: Optional[torch.Tensor]) -> bool:
-        """Verifies one request's tree, commits its KV, emits its tokens. True if it finished."""
+    def _accept(self, it: WorkItem, tree: TokenTree, rows: torch.Tensor, draft_q: Optional[torch.Tensor],
+                argmax: Optional[np.ndarray] = None) -> bool:
+        """Verifies one request's tree, commits its KV, emits its tokens. True if it finished.
+        ``rows``: its tree's target logits ``[len(tree), vocab]``; ``argmax``: their argmax
+        ``[len(tree)]`` on the host, when the caller computed it for the whole step."""
         req = it.request
         if req.params.greedy:
-            out = verify_greedy_tokens(rows.argmax(dim=-1), tree)
+            out = verify_greedy_tokens(argmax if argmax is not None else rows.argmax(dim=-1), tree)
         else:
             p = req.params
             probs = _core.sampling_probs(rows.cpu().numpy(), float(p.temperature), p.top_k, float(p.top_p),
