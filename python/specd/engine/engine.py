@@ -27,6 +27,48 @@ from specd.verification import TokenTree, verify, verify_greedy_tokens
 
 
 @dataclass
+class VerifyInputs:
+    """What verifying one request's tree reads, on the host: for a greedy request its nodes'
+    target argmax ``[len(tree)]``; for a sampled one its nodes' target logits
+    ``[len(tree), vocab]`` and the draft's distributions (None for model-free drafts)."""
+
+    argmax: Optional[np.ndarray] = None
+    logits: Optional[np.ndarray] = None
+    draft_probs: Optional[np.ndarray] = None
+
+
+def _verify_inputs(deciding: list[WorkItem], trees: dict, logits: torch.Tensor,
+                   draft_dists: dict) -> dict[int, VerifyInputs]:
+    """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
+    ``[sum of tree sizes, vocab]``. The step copies at most three tensors to the host: the
+    argmax of all rows (one device op) when some request is greedy, the sampled requests'
+    rows, and their draft distributions; per request, each copy would be a host sync."""
+    spans, row = [], 0
+    for it in deciding:
+        spans.append((row, row + len(trees[it.request.id])))
+        row += spans[-1][1] - spans[-1][0]
+    out = {it.request.id: VerifyInputs() for it in deciding}
+    if any(it.request.params.greedy for it in deciding):
+        argmax = logits.argmax(dim=-1).cpu().numpy()
+        for it, (a, b) in zip(deciding, spans):
+            if it.request.params.greedy:
+                out[it.request.id].argmax = argmax[a:b]
+    sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
+    if sampled:
+        rows = torch.cat([logits[a:b] for _, (a, b) in sampled]).cpu().numpy()
+        start = 0
+        for it, (a, b) in sampled:
+            out[it.request.id].logits, start = rows[start:start + b - a], start + b - a
+        drafted = [(it, draft_dists[it.request.id]) for it, _ in sampled if it.request.id in draft_dists]
+        if drafted:
+            q = torch.cat([d for _, d in drafted]).cpu().numpy()
+            start = 0
+            for it, d in drafted:
+                out[it.request.id].draft_probs, start = q[start:start + len(d)], start + len(d)
+    return out
+
+
+@dataclass
 class EngineTimings:
     """Time spent in the engine (seconds, wall or synthetic), split by phase, since the last reset."""
 
@@ -126,21 +168,14 @@ class Engine:
             self.target, self.pool, items, trees, graph=self.target_graph), keys)
         self.policy.observe_forward("target", tokens, target_s)
         forward_s += target_s
-        finished, row = [], 0
+        finished = []
         self._emitted = 0
-        # Greedy requests verify from their rows' argmax: one device op and one copy to the
-        # host for the whole step (per request, each would be a launch and a host sync).
-        greedy = any(it.decide and it.request.params.greedy for it in items)
-        argmax = logits.argmax(dim=-1).cpu().numpy() if greedy else None
+        verify_inputs = _verify_inputs([it for it in items if it.decide], trees, logits, draft_dists)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
                 continue
-            tree = trees[it.request.id]
-            rows = logits[row:row + len(tree)]
-            top = argmax[row:row + len(tree)] if argmax is not None else None
-            row += len(tree)
-            if self._accept(it, tree, rows, draft_dists.get(it.request.id), top):
+            if self._accept(it, trees[it.request.id], verify_inputs[it.request.id]):
                 finished.append(it.request)
         step_s = self.timer.step_seconds(forward_s)
         observe_overhead = getattr(self.policy, "observe_overhead", None)
@@ -232,20 +267,17 @@ class Engine:
         self.pool.blocks.commit(req.id, it.num_prefix, model=TARGET)
         req.computed[TARGET] += it.num_prefix
 
-    def _accept(self, it: WorkItem, tree: TokenTree, rows: torch.Tensor, draft_q: Optional[torch.Tensor],
-                argmax: Optional[np.ndarray] = None) -> bool:
-        """Verifies one request's tree, commits its KV, emits its tokens. True if it finished.
-        ``rows``: its tree's target logits ``[len(tree), vocab]``; ``argmax``: their argmax
-        ``[len(tree)]`` on the host, when the caller computed it for the whole step."""
+    def _accept(self, it: WorkItem, tree: TokenTree, inputs: "VerifyInputs") -> bool:
+        """Verifies one request's tree, commits its KV, emits its tokens. True if it finished."""
         req = it.request
         if req.params.greedy:
-            out = verify_greedy_tokens(argmax if argmax is not None else rows.argmax(dim=-1), tree)
+            out = verify_greedy_tokens(inputs.argmax, tree)
         else:
             p = req.params
-            probs = _core.sampling_probs(rows.cpu().numpy(), float(p.temperature), p.top_k, float(p.top_p),
+            probs = _core.sampling_probs(inputs.logits, float(p.temperature), p.top_k, float(p.top_p),
                                          float(p.min_p))
-            out = verify(probs, tree, None if draft_q is None else draft_q.cpu().numpy(), seed=req.rng_seed,
-                         request=req.rng_request, step=0, position=req.length)
+            out = verify(probs, tree, inputs.draft_probs, seed=req.rng_seed, request=req.rng_request, step=0,
+                         position=req.length)
         accepted = out.num_accepted
         # Target KV: move the accepted path's K/V next to the prefix (trees), then commit the
         # prefix, the root and the accepted drafts; rejected slots are dropped by the commit.
