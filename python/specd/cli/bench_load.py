@@ -294,6 +294,7 @@ def _real(args, target, draft, method, log):
              f"tokens per rate; max batch {args.max_num_seqs}; method {method}")
     if held_out is not None:
         title += f"; each LLM first serves one untimed warm-up request ({len(held_out)}-token held-out prompt)"
+
     def explain(prompt: int, got: list[int]):
         return divergence.explain(target_model, prompts[prompt], expected[prompt], got)
 
