@@ -202,6 +202,7 @@ def test_divergences_from_the_reference_are_recorded_and_explained(world, tiny_l
     assert x["logit_lead"] > 0 and x["lead_ulps"] > 1e3 and not x["near_tie"]  # float32: far from a tie
     assert divergence.explain(model, prompt, out, out) is None
     assert divergence.first_difference([1, 2], [1, 2, 3]) == 2 and divergence.first_difference([1], [1]) is None
+    assert load.divergence_key({"prompt": 2, "position": 0, "got": []}) == (2, 0, ())  # an output that ended first
 
     # run_load: the request of prompt 1 differs from a doctored reference at token 3.
     expected = [list(o) for o in reference]

@@ -232,6 +232,12 @@ def sweep(make_llm: Callable[[SpeculationConfig], object], policies: Sequence[Po
     return rows
 
 
+def divergence_key(d: dict) -> tuple:
+    """What makes two recorded divergences (RunResult.divergences) the same: the prompt, the
+    first differing position and the token produced there (none: the output ended first)."""
+    return d["prompt"], d["position"], tuple(d["got"][-1:])
+
+
 def _median_run(runs: list[dict]) -> dict:
     """The run of median mean latency (the lower middle one for an even count), annotated."""
     ordered = sorted(runs, key=lambda x: x["latency_mean_s"])
@@ -241,7 +247,7 @@ def _median_run(runs: list[dict]) -> dict:
     row["identical_outputs"] = all(x["identical_outputs"] for x in runs)
     seen, row["divergences"] = set(), []
     for d in (d for x in runs for d in x["divergences"]):
-        key = (d["prompt"], d["position"], tuple(d["got"][-1:]))
+        key = divergence_key(d)
         if key not in seen:
             seen.add(key)
             row["divergences"].append(d)

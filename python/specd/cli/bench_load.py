@@ -143,12 +143,12 @@ def run(args: argparse.Namespace) -> int:
 def _explain_divergences(rows: list[dict], explain) -> list[dict]:
     """Every distinct first difference from the reference in the sweep, explained by the plain
     target (bench/divergence.py), printed and returned for the JSON."""
-    from specd.bench import divergence
+    from specd.bench import divergence, load
 
     found: dict[tuple, dict] = {}
     for r in rows:
         for d in r["divergences"]:
-            key = (d["prompt"], d["position"], d["got"][-1])
+            key = load.divergence_key(d)
             if key not in found:
                 found[key] = {"policies": [], **d, **(explain(d["prompt"], d["got"]) or {})}
             found[key]["policies"].append(f"{r['policy']} @ {r['rate']:.3g}/s")
