@@ -14,6 +14,7 @@ import torch
 
 from specd import _core
 from specd.engine import model_runner
+from specd.engine.batch_verify import VerifyInputs, verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest
@@ -23,49 +24,7 @@ from specd.engine.timer import WallTimer, causal_keys
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
-from specd.verification import TokenTree, verify, verify_greedy_tokens
-
-
-@dataclass
-class VerifyInputs:
-    """What verifying one request's tree reads, on the host: for a greedy request its nodes'
-    target argmax ``[len(tree)]``; for a sampled one its nodes' target logits
-    ``[len(tree), vocab]`` and the draft's distributions (None for model-free drafts)."""
-
-    argmax: Optional[np.ndarray] = None
-    logits: Optional[np.ndarray] = None
-    draft_probs: Optional[np.ndarray] = None
-
-
-def _verify_inputs(deciding: list[WorkItem], trees: dict, logits: torch.Tensor,
-                   draft_dists: dict) -> dict[int, VerifyInputs]:
-    """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
-    ``[sum of tree sizes, vocab]``. The step copies at most three tensors to the host: the
-    argmax of all rows (one device op) when some request is greedy, the sampled requests'
-    rows, and their draft distributions; per request, each copy would be a host sync."""
-    spans, row = [], 0
-    for it in deciding:
-        spans.append((row, row + len(trees[it.request.id])))
-        row += spans[-1][1] - spans[-1][0]
-    out = {it.request.id: VerifyInputs() for it in deciding}
-    if any(it.request.params.greedy for it in deciding):
-        argmax = logits.argmax(dim=-1).cpu().numpy()
-        for it, (a, b) in zip(deciding, spans):
-            if it.request.params.greedy:
-                out[it.request.id].argmax = argmax[a:b]
-    sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
-    if sampled:
-        rows = torch.cat([logits[a:b] for _, (a, b) in sampled]).cpu().numpy()
-        start = 0
-        for it, (a, b) in sampled:
-            out[it.request.id].logits, start = rows[start:start + b - a], start + b - a
-        drafted = [(it, draft_dists[it.request.id]) for it, _ in sampled if it.request.id in draft_dists]
-        if drafted:
-            q = torch.cat([d for _, d in drafted]).cpu().numpy()
-            start = 0
-            for it, d in drafted:
-                out[it.request.id].draft_probs, start = q[start:start + len(d)], start + len(d)
-    return out
+from specd.verification import TokenTree
 
 
 @dataclass
@@ -170,12 +129,12 @@ class Engine:
         forward_s += target_s
         finished = []
         self._emitted = 0
-        verify_inputs = _verify_inputs([it for it in items if it.decide], trees, logits, draft_dists)
+        inputs = verify_inputs([it for it in items if it.decide], trees, logits, draft_dists)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
                 continue
-            if self._accept(it, trees[it.request.id], verify_inputs[it.request.id]):
+            if self._accept(it, trees[it.request.id], inputs[it.request.id]):
                 finished.append(it.request)
         step_s = self.timer.step_seconds(forward_s)
         observe_overhead = getattr(self.policy, "observe_overhead", None)
@@ -267,17 +226,10 @@ class Engine:
         self.pool.blocks.commit(req.id, it.num_prefix, model=TARGET)
         req.computed[TARGET] += it.num_prefix
 
-    def _accept(self, it: WorkItem, tree: TokenTree, inputs: "VerifyInputs") -> bool:
+    def _accept(self, it: WorkItem, tree: TokenTree, inputs: VerifyInputs) -> bool:
         """Verifies one request's tree, commits its KV, emits its tokens. True if it finished."""
         req = it.request
-        if req.params.greedy:
-            out = verify_greedy_tokens(inputs.argmax, tree)
-        else:
-            p = req.params
-            probs = _core.sampling_probs(inputs.logits, float(p.temperature), p.top_k, float(p.top_p),
-                                         float(p.min_p))
-            out = verify(probs, tree, inputs.draft_probs, seed=req.rng_seed, request=req.rng_request, step=0,
-                         position=req.length)
+        out = inputs.verify(tree)
         accepted = out.num_accepted
         # Target KV: move the accepted path's K/V next to the prefix (trees), then commit the
         # prefix, the root and the accepted drafts; rejected slots are dropped by the commit.

@@ -1,0 +1,117 @@
+"""What a step's verification reads from the target's logits, gathered for all deciding
+requests at once so that the host waits for the device as few times as possible.
+
+- Greedy requests: the argmax of every logits row, one device op and one copy; each request
+  then follows its tree on the host (:func:`specd.verification.verify_greedy_tokens`).
+- Sampled requests: verified where the logits are, in batched ops (``specd::sampling_probs``
+  then ``specd::verify_stochastic``, rules in cpp/include/specd/sampling_batch.h and
+  verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
+  vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
+  copy. Requests whose drafts came from the draft model (with their distributions) and
+  model-free ones (one-hot drafts) are two groups, two op calls each.
+
+The results equal the per-request CPU path (``_core.sampling_probs`` then
+:func:`specd.verification.verify`, key (seed, request, step 0, position = the request's
+length)): tests/python/test_ops.py checks the batched ops against those references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from specd.engine.scheduler import WorkItem
+from specd.errors import InvalidArgumentError
+from specd.ops import pack_rng_keys, pack_sampling_params, sampling_probs, verify_stochastic
+from specd.verification import TokenTree, VerifyOutput, verify_greedy_tokens
+
+_INT64 = 2**64
+
+
+@dataclass
+class VerifyInputs:
+    """One request's verification input: for a greedy request its nodes' target argmax
+    ``[len(tree)]`` (followed on the host); for a sampled one the finished verification."""
+
+    argmax: Optional[np.ndarray] = None
+    result: Optional[VerifyOutput] = None
+
+    def verify(self, tree: TokenTree) -> VerifyOutput:
+        return self.result if self.result is not None else verify_greedy_tokens(self.argmax, tree)
+
+
+def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
+                  draft_dists: dict[int, torch.Tensor]) -> dict[int, VerifyInputs]:
+    """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
+    ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
+    ``[len(tree), vocab]`` float32 for sampled draft-model chains."""
+    spans, row = [], 0
+    for it in deciding:
+        spans.append((row, row + len(trees[it.request.id])))
+        row = spans[-1][1]
+    out = {it.request.id: VerifyInputs() for it in deciding}
+    if any(it.request.params.greedy for it in deciding):
+        argmax = logits.argmax(dim=-1).cpu().numpy()
+        for it, (a, b) in zip(deciding, spans):
+            if it.request.params.greedy:
+                out[it.request.id].argmax = argmax[a:b]
+    sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
+    for drafted in (True, False):
+        group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
+        if group:
+            results = _verify_sampled(group, trees, logits, draft_dists if drafted else None)
+            for (it, _), result in zip(group, results):
+                out[it.request.id].result = result
+    return out
+
+
+def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
+                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]]) -> list[VerifyOutput]:
+    """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
+    trees; the parameters and keys), one device-to-host copy (the results)."""
+    device = logits.device
+    reqs = [it.request for it, _ in group]
+    tree_list = [trees[r.id] for r in reqs]
+    sizes = np.array([len(t) for t in tree_list], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    nodes = int(offsets[-1])
+    csr = torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
+                                          + [t.tokens for t in tree_list]).astype(np.int32)).to(device)
+    node_offsets, parents, tokens = csr[:len(reqs) + 1], csr[len(reqs) + 1:len(reqs) + 1 + nodes], csr[-nodes:]
+
+    def per_row(values, dtype):  # each request's value repeated over its tree's rows
+        return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), sizes))
+
+    p = [r.params for r in reqs]
+    params = pack_sampling_params(per_row([x.temperature for x in p], np.float64), per_row([x.top_k for x in p], np.int64),
+                                  per_row([x.top_p for x in p], np.float64), per_row([x.min_p for x in p], np.float64))
+    keys = pack_rng_keys(torch.tensor([r.rng_seed - _INT64 if r.rng_seed >= 2**63 else r.rng_seed for r in reqs],
+                                      dtype=torch.int64),
+                         torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
+                         torch.tensor([r.length for r in reqs], dtype=torch.int64))
+    words = torch.cat([params.reshape(-1), keys.reshape(-1)]).to(device)
+    params, keys = words[:params.numel()].view(nodes, 4), words[params.numel():].view(len(reqs), 3)
+
+    rows = torch.cat([logits[a:b] for _, (a, b) in group]) if len(group) > 1 else logits[group[0][1][0]:group[0][1][1]]
+    probs, row_status = sampling_probs(rows, params)
+    draft = None
+    if draft_dists is not None:
+        draft = torch.cat([draft_dists[r.id] for r in reqs]).float()
+    out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys)
+    host = torch.cat([out_tokens, path, accepted, status, row_status]).cpu().numpy()  # the one sync
+    out_tokens, path = host[:nodes], host[nodes:2 * nodes]
+    accepted, status = host[2 * nodes:2 * nodes + len(reqs)], host[2 * nodes + len(reqs):2 * nodes + 2 * len(reqs)]
+    row_status = host[2 * nodes + 2 * len(reqs):]
+    results = []
+    for i, r in enumerate(reqs):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        if row_status[a:b].any() or status[i]:
+            raise InvalidArgumentError(f"request {r.id}: verification failed (sampling status "
+                                       f"{row_status[a:b].tolist()}, verify status {int(status[i])}): "
+                                       "non-finite logits or invalid sampling parameters")
+        n = int(accepted[i])
+        results.append(VerifyOutput(out_tokens[a:a + n + 1].copy(), path[a:a + n + 1].copy(), n))
+    return results

@@ -1,0 +1,130 @@
+"""The engine's batched verification inputs (engine/batch_verify.py) against the per-request
+CPU path they replace: greedy requests follow their target argmax; sampled requests, with and
+without draft distributions, in one step, must give exactly what ``sampling_probs`` then
+``verify`` give for each request alone with the key (seed, request, step 0, position =
+length). On a GPU the same batch runs through the CUDA kernels."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from specd import _core
+from specd.engine.batch_verify import verify_inputs
+from specd.engine.params import SamplingParams
+from specd.errors import InvalidArgumentError
+from specd.verification import TokenTree, verify, verify_greedy_tokens
+
+VOCAB = 24
+
+
+def _item(rid, params, length, seed, rng_request):
+    request = SimpleNamespace(id=rid, params=params, length=length, rng_seed=seed, rng_request=rng_request)
+    return SimpleNamespace(request=request)
+
+
+def _tree(rng, size, chain):
+    tree = TokenTree(int(rng.integers(VOCAB)))
+    for v in range(1, size):
+        parent = v - 1 if chain else int(rng.integers(0, v))
+        used = {int(tree.tokens[c]) for c in range(len(tree)) if int(tree.parents[c]) == parent}
+        tree.add_node(parent, int(rng.choice([t for t in range(VOCAB) if t not in used])))
+    return tree
+
+
+def _case(seed, device="cpu"):
+    """Seven requests: greedy, sampled with draft distributions (chains), sampled model-free
+    (trees), with varied sampling parameters and a seed above 2**63. Drafts are sometimes the
+    target's likely tokens so that some are accepted."""
+    rng = np.random.default_rng(seed)
+    specs = [  # (params, size, chain, drafted)
+        (SamplingParams(temperature=0.0), 4, False, False),
+        (SamplingParams(temperature=1.0), 3, True, True),
+        (SamplingParams(temperature=0.7, top_k=5), 5, True, True),
+        (SamplingParams(temperature=1.3, top_p=0.8), 4, False, False),
+        (SamplingParams(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05), 1, True, False),
+        (SamplingParams(temperature=0.0), 2, True, False),
+        (SamplingParams(temperature=1.0, min_p=0.1), 6, False, False),
+    ]
+    items, trees, dists, rows = [], {}, {}, []
+    for rid, (params, size, chain, drafted) in enumerate(specs):
+        seed_ = 2**64 - 5 if rid == 2 else int(rng.integers(2**40))
+        items.append(_item(rid, params, int(rng.integers(5, 50)), seed_, rid if rid % 2 else 0))
+        trees[rid] = _tree(rng, size, chain)
+        logits = rng.standard_normal((size, VOCAB)).astype(np.float32) * 2
+        for v in range(1, size):  # make a node's token likely after its parent, half of the time
+            if rng.random() < 0.5:
+                logits[int(trees[rid].parents[v]), int(trees[rid].tokens[v])] += 4
+        rows.append(logits)
+        if drafted:
+            q = torch.softmax(torch.from_numpy(rng.standard_normal((size, VOCAB)).astype(np.float32)), -1)
+            dists[rid] = q.to(device)
+    return items, trees, dists, torch.from_numpy(np.concatenate(rows)).to(device)
+
+
+def _reference(items, trees, dists, logits):
+    out, row = {}, 0
+    host = logits.float().cpu().numpy()
+    for it in items:
+        req, tree = it.request, trees[it.request.id]
+        rows = host[row:row + len(tree)]
+        row += len(tree)
+        if req.params.greedy:
+            out[req.id] = verify_greedy_tokens(rows.argmax(-1), tree)
+            continue
+        p = req.params
+        probs = _core.sampling_probs(rows, float(p.temperature), p.top_k, float(p.top_p), float(p.min_p))
+        q = dists[req.id].cpu().numpy() if req.id in dists else None
+        out[req.id] = verify(probs, tree, q, seed=req.rng_seed, request=req.rng_request, step=0, position=req.length)
+    return out
+
+
+def _check(items, trees, dists, logits):
+    got = verify_inputs(items, trees, logits, dists)
+    want = _reference(items, trees, dists, logits)
+    accepted = 0
+    for it in items:
+        rid = it.request.id
+        g, w = got[rid].verify(trees[rid]), want[rid]
+        assert g.num_accepted == w.num_accepted, rid
+        assert list(g.tokens) == list(w.tokens) and list(g.path) == list(w.path), rid
+        assert (got[rid].argmax is not None) == it.request.params.greedy
+        accepted += g.num_accepted
+    return accepted
+
+
+def test_batched_verification_equals_the_per_request_path():
+    accepted = sum(_check(*_case(seed)) for seed in range(20))
+    assert accepted > 20  # the cases accept drafts, so paths and bonus tokens are compared too
+
+
+def test_a_step_with_only_one_kind_of_request():
+    items, trees, dists, logits = _case(3)
+    sizes = [len(trees[it.request.id]) for it in items]
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    for keep in ([1, 2], [3, 6], [0, 5], [4]):  # drafted only, model-free only, greedy only, one row
+        sub = [items[i] for i in keep]
+        rows = torch.cat([logits[starts[i]:starts[i + 1]] for i in keep])
+        _check(sub, trees, {k: v for k, v in dists.items() if k in keep}, rows)
+
+
+def test_bfloat16_logits_are_read_as_their_float32_values():
+    items, trees, dists, logits = _case(5)
+    _check(items, trees, dists, logits.bfloat16())
+
+
+def test_non_finite_logits_name_the_request():
+    items, trees, dists, logits = _case(7)
+    logits[len(trees[0]) + 1, 3] = float("nan")  # a row of request 1 (sampled)
+    with pytest.raises(InvalidArgumentError, match="request 1: verification failed"):
+        verify_inputs(items, trees, logits, dists)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the kernels' path)")
+def test_batched_verification_on_the_gpu_equals_the_cpu_path():
+    from specd.ops import HAS_CUDA_KERNELS
+    if not HAS_CUDA_KERNELS:
+        pytest.skip("specd was built without its CUDA kernels")
+    accepted = sum(_check(*_case(seed, "cuda")) for seed in range(20))
+    assert accepted > 20
