@@ -12,7 +12,10 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
   global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
   tree_classes_.assign(static_cast<std::size_t>(num_proposers_), {});
   explored_.assign(static_cast<std::size_t>(num_proposers_), config_.exploration_trials <= 0.0);
-  depth1_trials_.assign(static_cast<std::size_t>(num_proposers_), 0);
+  idle_steps_.assign(static_cast<std::size_t>(num_proposers_), 0);
+  retry_gap_.assign(static_cast<std::size_t>(num_proposers_), std::max<int64_t>(1, config_.retry_idle_steps));
+  retrying_.assign(static_cast<std::size_t>(num_proposers_), false);
+  depth_trials_.assign(static_cast<std::size_t>(num_proposers_), std::vector<int64_t>(d, 0));
 }
 
 Status AcceptanceEstimator::check(int32_t proposer) const {
@@ -42,9 +45,12 @@ Status AcceptanceEstimator::observe(RequestId id, int32_t proposer, int32_t dept
   if (depth == 0) return Status::Ok();
   Counts& g = global_[static_cast<std::size_t>(proposer)];
   add(&g, depth, accepted, config_.global_decay);
-  auto& tried = depth1_trials_[static_cast<std::size_t>(proposer)];
-  tried += 1;  // every observation with depth >= 1 tests depth 1
-  if (tried >= config_.exploration_trials) explored_[static_cast<std::size_t>(proposer)] = true;
+  std::vector<int64_t>& tried = depth_trials_[static_cast<std::size_t>(proposer)];
+  for (int32_t t = 0; t < std::min({accepted + 1, depth, config_.max_depth}); ++t)
+    tried[static_cast<std::size_t>(t)] += 1;  // depths 1..A tested, and A+1 if A < D
+  if (static_cast<double>(tried[0]) >= config_.exploration_trials) explored_[static_cast<std::size_t>(proposer)] = true;
+  idle_steps_[static_cast<std::size_t>(proposer)] = 0;
+  retrying_[static_cast<std::size_t>(proposer)] = false;
   add(&request_counts(id)[static_cast<std::size_t>(proposer)], depth, accepted, config_.request_decay);
   return Status::Ok();
 }
@@ -104,26 +110,43 @@ Status AcceptanceEstimator::idle(RequestId id, int32_t proposer) {
   return Status::Ok();
 }
 
-Status AcceptanceEstimator::idle_global(int32_t proposer) {
+Status AcceptanceEstimator::idle_global(int32_t proposer, bool speculating) {
   SPECD_RETURN_IF_ERROR(check(proposer));
-  Counts& g = global_[static_cast<std::size_t>(proposer)];
+  const auto p = static_cast<std::size_t>(proposer);
+  if (!speculating && explored_[p] && !retrying_[p] && ++idle_steps_[p] >= retry_gap_[p]) {  // a retry (header)
+    retrying_[p] = true;
+    idle_steps_[p] = 0;
+    retry_gap_[p] *= 2;
+  }
+  Counts& g = global_[p];
   for (std::size_t d = 0; d < g.trials.size(); ++d) {
     if (g.successes[d] >= config_.initial_alpha * g.trials[d]) continue;  // at or above the prior: keep
     g.successes[d] *= config_.idle_decay;
     g.trials[d] *= config_.idle_decay;
   }
-  for (TreeSums& c : tree_classes_[static_cast<std::size_t>(proposer)])
+  for (TreeSums& c : tree_classes_[p])
     if (c.accepted < c.predicted) c.fade(config_.idle_decay);  // at or above 1, the prior: keep
   return Status::Ok();
 }
 
 double AcceptanceEstimator::global_alpha(int32_t proposer, int32_t depth, bool explore) const {
   if (proposer < 0 || proposer >= num_proposers_) return config_.initial_alpha;
-  const Counts& g = global_[static_cast<std::size_t>(proposer)];
+  const auto p = static_cast<std::size_t>(proposer);
+  const Counts& g = global_[p];
   const auto d = static_cast<std::size_t>(std::clamp(depth, 1, config_.max_depth) - 1);
-  if (explore && d == 0 && !explored_[static_cast<std::size_t>(proposer)]) return 1.0;
+  if (explore && d == 0 && (!explored_[p] || retrying_[p])) return 1.0;
   const double m = config_.prior_strength;
-  return (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
+  const double data = (g.successes[d] + m * config_.initial_alpha) / (g.trials[d] + m);
+  if (!explore || d == 0) return data;
+  // Exploration one depth deeper (header): the depth above has had its trials, this one not.
+  const std::vector<int64_t>& tried = depth_trials_[p];
+  const double trials = config_.exploration_trials;
+  if (static_cast<double>(tried[d]) >= trials || static_cast<double>(tried[d - 1]) < trials) return data;
+  return std::max(data, global_alpha(proposer, depth - 1, /*explore=*/false));
+}
+
+bool AcceptanceEstimator::retrying(int32_t proposer) const {
+  return proposer >= 0 && proposer < num_proposers_ && retrying_[static_cast<std::size_t>(proposer)];
 }
 
 bool AcceptanceEstimator::explored(int32_t proposer) const {

@@ -76,7 +76,7 @@ StepCostModel GoodputController::costs(double reference, int64_t base_tokens) co
   return StepCostModel{&target_, uses_draft() ? &draft_view_ : nullptr, overhead_, reference, limit};
 }
 
-std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap,
+std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap, bool explore,
                                                           Span<const std::vector<double>> node_probs) const {
   Gains out(static_cast<std::size_t>(num_proposers()));
   if (cap <= 0) return out;
@@ -92,7 +92,7 @@ std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t 
       for (double& x : g) x = std::clamp(c * x, 0.0, 1.0);
       continue;
     }
-    if (!estimator_.alphas(id, p, Span<double>(alphas), /*explore=*/waiting_ == 0).ok()) continue;
+    if (!estimator_.alphas(id, p, Span<double>(alphas), explore).ok()) continue;
     double prod = 1.0;
     for (double a : alphas) out[static_cast<std::size_t>(p)].push_back(prod *= a);
     if (config_.proposer_uses_draft[static_cast<std::size_t>(p)] && draft_guessed_ && out[static_cast<std::size_t>(p)].size() > 2)
@@ -129,7 +129,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
 
   std::vector<Gains> all(n);
   for (std::size_t i = 0; i < n; ++i) {
-    all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max), batch[i].node_probs);
+    const bool explore = waiting_ == 0 && static_cast<double>(i) < config_.acceptance.exploration_trials;  // rule 2
+    all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max), explore, batch[i].node_probs);
     if (batch[i].node_probs.empty()) continue;
     std::vector<double>& strength = tree_strength_[batch[i].id];  // for observe_tree
     strength.assign(static_cast<std::size_t>(num_proposers()), 0.0);
@@ -197,9 +198,11 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   // A proposer that no request used this step (while some could have) fades globally.
   const bool any_cap = config_.k_max > 0 && std::any_of(batch.begin(), batch.end(),
                                                          [](const ControllerRequest& r) { return r.k_max > 0; });
+  const bool speculating = std::any_of(decisions_out->begin(), decisions_out->end(),
+                                       [](const ControllerDecision& x) { return x.k > 0; });
   for (int32_t p = 0; any_cap && p < num_proposers(); ++p)
     if (std::none_of(decisions_out->begin(), decisions_out->end(), [p](const ControllerDecision& x) { return x.proposer == p; }))
-      SPECD_RETURN_IF_ERROR(estimator_.idle_global(p));
+      SPECD_RETURN_IF_ERROR(estimator_.idle_global(p, speculating));
   return Status::Ok();
 }
 
@@ -218,7 +221,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
   if (static_cast<std::size_t>(forecast) > n) {
     int32_t cap = 0;
     for (const Gains& g : all) cap = std::max(cap, static_cast<int32_t>(g[0].size()));
-    const Gains prior = gains(kUnseen, cap);
+    const Gains prior = gains(kUnseen, cap, /*explore=*/waiting_ == 0);
     const std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
     const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
     StepProblem future;

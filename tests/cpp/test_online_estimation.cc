@@ -196,7 +196,9 @@ TEST(AcceptanceEstimator, CensoredDepthsAndErrors) {
   std::vector<double> a(3);
   SPECD_ASSERT_OK(est.alphas(1, 0, a));
   EXPECT_GT(a[0], 0.9);
-  EXPECT_NEAR(a[2], 0.6, 1e-9);  // untested depth: still the prior
+  EXPECT_NEAR(a[2], est.global_alpha(0, 2), 1e-9);  // untested below an explored depth: at its global estimate
+  SPECD_ASSERT_OK(est.alphas(1, 0, a, /*explore=*/false));
+  EXPECT_NEAR(a[2], 0.6, 1e-9);  // the data alone: still the prior
   SPECD_EXPECT_CODE(est.observe(1, 0, 2, 3), kInvalidArgument);
   SPECD_EXPECT_CODE(est.observe(1, 5, 2, 1), kInvalidArgument);
   SPECD_EXPECT_CODE(est.alphas(1, -1, a), kInvalidArgument);
@@ -237,11 +239,70 @@ TEST(AcceptanceEstimator, ExploresDepthOneUntilItHasTenTrials) {
   EXPECT_LT(a[0], 0.2);                   // for new requests too
   for (int i = 0; i < 200; ++i) ASSERT_TRUE(e.idle_global(0).ok());
   EXPECT_TRUE(e.explored(0));             // for good: fading goes back to the prior, not to 1
-  EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
+  EXPECT_LE(e.global_alpha(0, 1, /*explore=*/false), config.initial_alpha);
   EXPECT_EQ(e.global_alpha(1, 1), 1.0);   // another proposer explores on its own
   EXPECT_FALSE(e.explored(1));
   config.exploration_trials = 0.0;
   EXPECT_TRUE(AcceptanceEstimator(config, 1).explored(0));  // exploration off
+}
+
+TEST(AcceptanceEstimator, ExploresOneDepthDeeperAtATime) {
+  AcceptanceEstimatorConfig config;
+  AcceptanceEstimator e(config, 1);
+  // Depth 1 explored and good (9 of 10 accepted); depth 2 never reached yet.
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(e.observe(i, 0, 1, i == 0 ? 0 : 1));
+  ASSERT_TRUE(e.explored(0));
+  const double depth1 = e.global_alpha(0, 1);
+  EXPECT_GT(depth1, 0.75);
+  EXPECT_DOUBLE_EQ(e.global_alpha(0, 2), depth1);                       // explored at depth 1's estimate
+  EXPECT_DOUBLE_EQ(e.global_alpha(0, 2, /*explore=*/false), config.initial_alpha);  // the data: the prior
+  EXPECT_DOUBLE_EQ(e.global_alpha(0, 3), config.initial_alpha);        // one depth at a time
+  // Depth 2 fails every time it is tested: optimistic for its ten trials, then the data decide.
+  for (int i = 0; i < 9; ++i) SPECD_ASSERT_OK(e.observe(100 + i, 0, 2, 1));
+  EXPECT_GE(e.global_alpha(0, 2), e.global_alpha(0, 1));
+  SPECD_ASSERT_OK(e.observe(200, 0, 2, 1));  // the tenth trial of depth 2
+  EXPECT_LT(e.global_alpha(0, 2), 0.3);
+  EXPECT_DOUBLE_EQ(e.global_alpha(0, 3), config.initial_alpha);        // depth 2 is no better than the prior
+  // A step with A = D accepted tests depths 1..D only; a rejected step A < D tests A + 1.
+  AcceptanceEstimator f(config, 1);
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(f.observe(i, 0, 3, 3));
+  EXPECT_DOUBLE_EQ(f.global_alpha(0, 4), f.global_alpha(0, 3, false));  // depth 4 untested: explored
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(f.observe(i, 0, 5, 3));   // depth 4 tested (and failed)
+  EXPECT_LT(f.global_alpha(0, 4), config.initial_alpha);
+  EXPECT_DOUBLE_EQ(f.global_alpha(0, 5), f.global_alpha(0, 5, false));  // depth 5 never tested, depth 4 bad
+}
+
+TEST(AcceptanceEstimator, RetriesAnIdleProposerWithDoublingWaits) {
+  AcceptanceEstimatorConfig config;
+  AcceptanceEstimator e(config, 2);
+  for (int i = 0; i < 10; ++i) SPECD_ASSERT_OK(e.observe(i, 0, 1, 0));  // explored: it fails
+  const double low = e.global_alpha(0, 1);
+  EXPECT_LT(low, 0.3);
+  std::vector<int64_t> retries;  // idle steps (since the last observation) at which a retry began
+  int64_t idle = 0;
+  for (int round = 0; round < 4; ++round) {
+    while (!e.retrying(0)) {
+      SPECD_ASSERT_OK(e.idle_global(0));
+      ++idle;
+      ASSERT_LT(idle, 1000);
+    }
+    retries.push_back(idle);
+    EXPECT_EQ(e.global_alpha(0, 1), 1.0);                        // retried where exploration applies
+    EXPECT_LE(e.global_alpha(0, 1, /*explore=*/false), config.initial_alpha);  // not in the data
+    SPECD_ASSERT_OK(e.idle_global(0));                           // still retrying until observed
+    EXPECT_TRUE(e.retrying(0));
+    SPECD_ASSERT_OK(e.observe(100 + round, 0, 1, 0));            // the retry fails
+    EXPECT_FALSE(e.retrying(0));
+    EXPECT_LT(e.global_alpha(0, 1), config.initial_alpha);
+    idle = 0;
+  }
+  EXPECT_EQ(retries, (std::vector<int64_t>{16, 32, 64, 128}));
+  for (int i = 0; i < 1000; ++i) SPECD_ASSERT_OK(e.idle_global(0, /*speculating=*/true));
+  EXPECT_FALSE(e.retrying(0));  // steps in which another proposer serves requests do not count
+  EXPECT_FALSE(e.retrying(1));  // a proposer still exploring is not "retried"
+  for (int i = 0; i < 100; ++i) SPECD_ASSERT_OK(e.idle_global(1));
+  EXPECT_FALSE(e.retrying(1));
+  EXPECT_EQ(e.global_alpha(1, 1), 1.0);
 }
 
 TEST(AcceptanceEstimator, AProposerNobodyUsesFadesBackToThePrior) {
@@ -254,8 +315,8 @@ TEST(AcceptanceEstimator, AProposerNobodyUsesFadesBackToThePrior) {
   const double low = e.global_alpha(0, 1);
   EXPECT_LT(low, 0.5 * config.initial_alpha);
   for (int i = 0; i < 100; ++i) ASSERT_TRUE(e.idle_global(0).ok());
-  EXPECT_GT(e.global_alpha(0, 1), 0.9 * config.initial_alpha);
-  EXPECT_LE(e.global_alpha(0, 1), config.initial_alpha);
+  EXPECT_GT(e.global_alpha(0, 1, /*explore=*/false), 0.9 * config.initial_alpha);
+  EXPECT_LE(e.global_alpha(0, 1, /*explore=*/false), config.initial_alpha);
   EXPECT_EQ(e.idle_global(4).code(), StatusCode::kInvalidArgument);
 }
 
@@ -268,8 +329,8 @@ TEST(AcceptanceEstimator, AGoodProposerNobodyUsesKeepsItsEstimate) {
   const double depth1 = e.global_alpha(0, 1), depth2 = e.global_alpha(0, 2);
   EXPECT_GT(depth1, 0.8);
   for (int i = 0; i < 60; ++i) ASSERT_TRUE(e.idle_global(0).ok());
-  EXPECT_EQ(e.global_alpha(0, 1), depth1);
-  EXPECT_EQ(e.global_alpha(0, 2), depth2);
+  EXPECT_EQ(e.global_alpha(0, 1, /*explore=*/false), depth1);
+  EXPECT_EQ(e.global_alpha(0, 2, /*explore=*/false), depth2);
 }
 
 }  // namespace

@@ -24,6 +24,31 @@
 //   rate while k = 1 was 12% faster at low load.) Ten trials make the data decide: with
 //   alpha = 0.9 the estimate then falls below 0.67 with probability under 2%; a useless
 //   proposer costs about ten wasted drafts per run.
+// - Retries: a proposer whose depth 1 has been explored and that no request then uses for
+//   retry_idle_steps steps in which nothing was speculated at all (idle_global with
+//   speculating = false; steps in which another proposer serves requests do not count:
+//   those requests are not decoding plainly, and a retry would move them to this proposer
+//   for a step) is retried: its depth-1 global
+//   estimate is 1 again (where exploration applies, explore = true) until its next
+//   observation, and the wait before the following retry doubles. Fading alone pulls a low
+//   estimate back to initial_alpha only, and a draft model that pays only above it (on the
+//   measured H100 costs the pair's draft pays from about 0.65) would then never be tried
+//   again: on the H100-profile sweep at 155 requests/s the first 23 verifications (mostly
+//   requests' first ones, which accept half as often as later ones: 0.50 against 0.84 with
+//   k = 1) put depth 1 at 0.57, and goodput decoded plainly for the remaining 470 steps
+//   (1.065x the best static k). Doubling bounds what a useless proposer costs: about
+//   log2(steps / retry_idle_steps) retried steps in a run.
+// - Exploration one depth deeper: a depth d >= 2 that has been tested fewer than
+//   exploration_trials times (a plain count per depth: a step tests depths 1..A+1, at most
+//   D, as below) while depth d-1 has had its trials is estimated at no less than depth
+//   d-1's global estimate, so the chain grows a depth at a time while the data support it
+//   rather than waiting for the prior to be outweighed: with the prior at depth 2, a
+//   16-request run at 19.4 requests/s on measured H100 costs drafted k = 1 for a hundred
+//   steps where k = 2 was best (1.043x its latency). The same optimism applied always (a
+//   hierarchical prior: any depth starts at the estimate of the depth above) drafted k = 1.89
+//   at saturation on the 256-request sweep (1.203x no speculation); here it applies only
+//   where depth-1 exploration does (explore = true: no request waiting) and only until the
+//   depth has its own trials.
 // - Observation of one verify step: drafts reached depth D (the deepest proposed node) and
 //   A <= D were accepted. Depths 1..A are successes; depth A+1 is a failure if A < D;
 //   deeper depths were not tested (no information).
@@ -80,6 +105,7 @@ struct AcceptanceEstimatorConfig {
   double initial_alpha = 0.6;   // global estimate before any data
   double idle_decay = 0.95;     // per step a request does not use the proposer
   double exploration_trials = 10.0;  // verifications before the depth-1 estimate follows the data
+  int64_t retry_idle_steps = 16;     // idle steps before the first retry (then doubling)
 };
 
 class AcceptanceEstimator {
@@ -93,11 +119,11 @@ class AcceptanceEstimator {
   // `accepted` drafts accepted (0 <= accepted <= depth). depth == 0 records nothing.
   Status observe(RequestId id, int32_t proposer, int32_t depth, int32_t accepted);
   // alpha_1..alpha_n of the request (the proposer's global estimate when it has no data).
-  // explore = false: the data's estimate at depth 1 even while the proposer is explored (for
-  // steps that must not explore; rules above).
+  // explore = false: the data's estimates even while a depth is explored (for steps that
+  // must not explore; rules above).
   Status alphas(RequestId id, int32_t proposer, Span<double> out, bool explore = true) const;
-  // The proposer's global estimate at depth d (1-based); 1 at depth 1 while it is explored
-  // (unless explore = false).
+  // The proposer's global estimate at depth d (1-based); 1 at depth 1 while it is explored,
+  // at least depth d-1's at a deeper depth explored (unless explore = false).
   double global_alpha(int32_t proposer, int32_t depth, bool explore = true) const;
   // Whether the proposer's depth 1 has had its exploration_trials (rules above).
   bool explored(int32_t proposer) const;
@@ -114,8 +140,11 @@ class AcceptanceEstimator {
   static int32_t tree_class(double strength);
   // A step in which request `id` did not use `proposer`: its own counts fade (rules above).
   Status idle(RequestId id, int32_t proposer);
-  // A step in which no request used `proposer`: its global counts fade (rules above).
-  Status idle_global(int32_t proposer);
+  // A step in which no request used `proposer`: its global counts fade, and, if no request
+  // speculated with any proposer (`speculating` false), its retry comes nearer (rules above).
+  Status idle_global(int32_t proposer, bool speculating = false);
+  // Whether the proposer's depth 1 is being retried (rules above).
+  bool retrying(int32_t proposer) const;
   void remove(RequestId id) { requests_.erase(id); }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
@@ -142,7 +171,10 @@ class AcceptanceEstimator {
   int32_t num_proposers_;
   std::vector<Counts> global_;                                 // [num_proposers]
   std::vector<bool> explored_;                                 // [num_proposers] depth 1 explored
-  std::vector<int64_t> depth1_trials_;                         // [num_proposers] never decayed
+  std::vector<std::vector<int64_t>> depth_trials_;             // [num_proposers][max_depth] never decayed
+  std::vector<int64_t> idle_steps_;                            // [num_proposers] plain steps since its last observation
+  std::vector<int64_t> retry_gap_;                             // [num_proposers] idle steps before a retry
+  std::vector<bool> retrying_;                                 // [num_proposers] retried until observed
   std::vector<std::array<TreeSums, kTreeClasses>> tree_classes_;  // [num_proposers] per strength class
   std::unordered_map<RequestId, std::vector<Counts>> requests_;  // [num_proposers] each
 };

@@ -9,9 +9,14 @@
 // 1. Every request of the batch is an arrival for the LoadForecast the first time it is seen.
 // 2. Gains: for request i and proposer p, g_j = prod_{m<=j} alpha_m (the estimator's
 //    per-request, per-depth acceptance), for j up to min(config k_max, request k_max).
-//    The estimator's depth-1 exploration (acceptance_estimator.h) applies only in steps
-//    with no request waiting for admission: under a backlog every step's time is also the
-//    queue's, so drafts are bought on the data alone there.
+//    The estimator's exploration (acceptance_estimator.h: depth 1, retries, one depth
+//    deeper) applies only in steps with no request waiting for admission (under a backlog
+//    every step's time is also the queue's, so drafts are bought on the data alone there),
+//    and only to the step's first exploration_trials requests (in batch order): the trials
+//    an exploration needs, not a whole batch. (When a 64-request batch on the H100-profile
+//    sweep at 620 requests/s was left without a queue, every request explored: a retry of
+//    depth 1, then depths 2 to 7 one per step, each with all 64 requests drafting up to 7
+//    tokens: 1.028x the latency of no speculation.)
 //    Where the request brings node probabilities (the model-free proposers' candidate
 //    trees for this step, ControllerRequest::node_probs), a model-free p's gains are those
 //    probabilities, sorted in decreasing order and times the request's tree calibration
@@ -208,8 +213,9 @@ class GoodputController {
   bool uses_draft() const { return draft_proposer_ >= 0; }
   // base_tokens > 0: the step's drafts stay within the target's explored_limit from there.
   StepCostModel costs(double reference, int64_t base_tokens) const;
-  // node_probs: as ControllerRequest::node_probs (empty: the acceptance estimates only).
-  std::vector<std::vector<double>> gains(RequestId id, int32_t cap,
+  // node_probs: as ControllerRequest::node_probs (empty: the acceptance estimates only);
+  // explore: the estimator's exploration applies (rule 2).
+  std::vector<std::vector<double>> gains(RequestId id, int32_t cap, bool explore,
                                          Span<const std::vector<double>> node_probs = {}) const;
   std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
                                       const std::vector<std::vector<std::vector<double>>>& gains,
