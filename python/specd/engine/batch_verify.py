@@ -68,18 +68,26 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
     return out
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``; to a GPU from pinned memory without blocking, so the host
+    does not wait for the forward still running there (the results' copy back is the sync)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
                     logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]]) -> list[VerifyOutput]:
     """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
-    trees; the parameters and keys), one device-to-host copy (the results)."""
+    trees; the parameters and keys), one device-to-host copy (the results, the only wait)."""
     device = logits.device
     reqs = [it.request for it, _ in group]
     tree_list = [trees[r.id] for r in reqs]
     sizes = np.array([len(t) for t in tree_list], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     nodes = int(offsets[-1])
-    csr = torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
-                                          + [t.tokens for t in tree_list]).astype(np.int32)).to(device)
+    csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
+                                                     + [t.tokens for t in tree_list]).astype(np.int32)), device)
     node_offsets, parents, tokens = csr[:len(reqs) + 1], csr[len(reqs) + 1:len(reqs) + 1 + nodes], csr[-nodes:]
 
     def per_row(values, dtype):  # each request's value repeated over its tree's rows
@@ -92,7 +100,7 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
                                       dtype=torch.int64),
                          torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
                          torch.tensor([r.length for r in reqs], dtype=torch.int64))
-    words = torch.cat([params.reshape(-1), keys.reshape(-1)]).to(device)
+    words = _to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
     params, keys = words[:params.numel()].view(nodes, 4), words[params.numel():].view(len(reqs), 3)
 
     rows = torch.cat([logits[a:b] for _, (a, b) in group]) if len(group) > 1 else logits[group[0][1][0]:group[0][1][1]]
