@@ -128,8 +128,10 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   if (n == 0) return Status::Ok();
 
   std::vector<Gains> all(n);
+  explorers_.clear();
   for (std::size_t i = 0; i < n; ++i) {
     const bool explore = waiting_ == 0 && static_cast<double>(i) < config_.acceptance.exploration_trials;  // rule 2
+    if (explore) explorers_.insert(batch[i].id);
     all[i] = gains(batch[i].id, std::min(config_.k_max, batch[i].k_max), explore, batch[i].node_probs);
     if (batch[i].node_probs.empty()) continue;
     std::vector<double>& strength = tree_strength_[batch[i].id];  // for observe_tree
@@ -311,7 +313,8 @@ Status GoodputController::size_trees(Span<const TreeSizingRequest> trees, int64_
     const int32_t deepest = size ? *std::max_element(depth.begin(), depth.end()) : 0;
     std::vector<double> alphas(static_cast<std::size_t>(std::min(deepest, estimator_.max_depth())), 0.0);
     if (!alphas.empty())
-      SPECD_RETURN_IF_ERROR(estimator_.alphas(t.id, draft_proposer_, Span<double>(alphas), /*explore=*/waiting_ == 0));
+      SPECD_RETURN_IF_ERROR(estimator_.alphas(t.id, draft_proposer_, Span<double>(alphas),
+                                              /*explore=*/explorers_.count(t.id) > 0));
     std::vector<double>& g = raw[i];
     g.assign(size, 0.0);
     for (std::size_t v = 0; v < size; ++v) {

@@ -24,20 +24,20 @@
 //   rate while k = 1 was 12% faster at low load.) Ten trials make the data decide: with
 //   alpha = 0.9 the estimate then falls below 0.67 with probability under 2%; a useless
 //   proposer costs about ten wasted drafts per run.
-// - Retries: a proposer whose depth 1 has been explored and that no request then uses for
-//   retry_idle_steps steps in which nothing was speculated at all (idle_global with
+// - Retries: a proposer whose depth 1 has been explored is retried after retry_idle_steps
+//   steps in which no request used it and nothing was speculated at all (idle_global with
 //   speculating = false; steps in which another proposer serves requests do not count:
 //   those requests are not decoding plainly, and a retry would move them to this proposer
-//   for a step) is retried: its depth-1 global
-//   estimate is 1 again (where exploration applies, explore = true) until its next
-//   observation, and the wait before the following retry doubles. Fading alone pulls a low
-//   estimate back to initial_alpha only, and a draft model that pays only above it (on the
-//   measured H100 costs the pair's draft pays from about 0.65) would then never be tried
-//   again: on the H100-profile sweep at 155 requests/s the first 23 verifications (mostly
-//   requests' first ones, which accept half as often as later ones: 0.50 against 0.84 with
-//   k = 1) put depth 1 at 0.57, and goodput decoded plainly for the remaining 470 steps
-//   (1.065x the best static k). Doubling bounds what a useless proposer costs: about
-//   log2(steps / retry_idle_steps) retried steps in a run.
+//   for a step). While retried, its depth-1 global estimate is 1 again (where exploration
+//   applies, explore = true) until its next observation; the wait before the following
+//   retry doubles. Fading alone pulls a low estimate back to initial_alpha only, and a
+//   draft model that pays only above it (on the measured H100 costs the pair's draft pays
+//   from about 0.65) would then never be tried again: on the H100-profile sweep at 155
+//   requests/s the first 23 verifications (mostly requests' first ones, which accept half
+//   as often as later ones: 0.50 against 0.84 with k = 1) put depth 1 at 0.57, and goodput
+//   decoded plainly for the remaining 470 steps (1.065x the best static k). Doubling bounds
+//   what a useless proposer costs: about log2(steps / retry_idle_steps) retried steps in a
+//   run.
 // - Exploration one depth deeper: a depth d >= 2 that has been tested fewer than
 //   exploration_trials times (a plain count per depth: a step tests depths 1..A+1, at most
 //   D, as below) while depth d-1 has had its trials is estimated at no less than depth

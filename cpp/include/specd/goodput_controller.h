@@ -13,7 +13,8 @@
 //    deeper) applies only in steps with no request waiting for admission (under a backlog
 //    every step's time is also the queue's, so drafts are bought on the data alone there),
 //    and only to the step's first exploration_trials requests (in batch order): the trials
-//    an exploration needs, not a whole batch. (When a 64-request batch on the H100-profile
+//    an exploration needs, not a whole batch (size_trees prices the same requests' trees
+//    with exploration). (When a 64-request batch on the H100-profile
 //    sweep at 620 requests/s was left without a queue, every request explored: a retry of
 //    depth 1, then depths 2 to 7 one per step, each with all 64 requests drafting up to 7
 //    tokens: 1.028x the latency of no speculation.)
@@ -85,6 +86,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "specd/acceptance_estimator.h"
@@ -239,6 +241,7 @@ class GoodputController {
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
   // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).
   std::unordered_map<RequestId, std::vector<double>> tree_strength_;
+  std::unordered_set<RequestId> explorers_;  // the last decide's exploring requests (rule 2; size_trees)
 };
 
 }  // namespace specd
