@@ -28,9 +28,6 @@ from specd.errors import InvalidArgumentError
 from specd.ops import pack_rng_keys, pack_sampling_params, sampling_probs, verify_stochastic
 from specd.verification import TokenTree, VerifyOutput, verify_greedy_tokens
 
-_INT64 = 2**64
-
-
 @dataclass
 class VerifyInputs:
     """One request's verification input: for a greedy request its nodes' target argmax
@@ -96,8 +93,7 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
     p = [r.params for r in reqs]
     params = pack_sampling_params(per_row([x.temperature for x in p], np.float64), per_row([x.top_k for x in p], np.int64),
                                   per_row([x.top_p for x in p], np.float64), per_row([x.min_p for x in p], np.float64))
-    keys = pack_rng_keys(torch.tensor([r.rng_seed - _INT64 if r.rng_seed >= 2**63 else r.rng_seed for r in reqs],
-                                      dtype=torch.int64),
+    keys = pack_rng_keys(torch.from_numpy(np.array([r.rng_seed for r in reqs], dtype=np.uint64).view(np.int64)),
                          torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
                          torch.tensor([r.length for r in reqs], dtype=torch.int64))
     words = _to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
@@ -110,9 +106,7 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
         draft = torch.cat([draft_dists[r.id] for r in reqs]).float()
     out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys)
     host = torch.cat([out_tokens, path, accepted, status, row_status]).cpu().numpy()  # the one sync
-    out_tokens, path = host[:nodes], host[nodes:2 * nodes]
-    accepted, status = host[2 * nodes:2 * nodes + len(reqs)], host[2 * nodes + len(reqs):2 * nodes + 2 * len(reqs)]
-    row_status = host[2 * nodes + 2 * len(reqs):]
+    out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, len(reqs), len(reqs)]))
     results = []
     for i, r in enumerate(reqs):
         a, b = int(offsets[i]), int(offsets[i + 1])
