@@ -114,17 +114,46 @@ def test_bfloat16_logits_are_read_as_their_float32_values():
     _check(items, trees, dists, logits.bfloat16())
 
 
-def test_non_finite_logits_name_the_request():
-    items, trees, dists, logits = _case(7)
-    logits[len(trees[0]) + 1, 3] = float("nan")  # a row of request 1 (sampled)
-    with pytest.raises(InvalidArgumentError, match="request 1: verification failed"):
-        verify_inputs(items, trees, logits, dists)
+def _device_or_skip(device):
+    if device == "cuda":
+        from specd.ops import HAS_CUDA_KERNELS
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA GPU (the kernels' path)")
+        if not HAS_CUDA_KERNELS:
+            pytest.skip("specd was built without its CUDA kernels")
+    return device
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the kernels' path)")
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_logits_fail_only_their_request(device, bad):
+    """A NaN or +inf logit in a greedy (0), drafted (1) or model-free (6) request's rows: that
+    request's VerifyInputs carries an error naming it; the others verify as before."""
+    items, trees, dists, logits = _case(7, _device_or_skip(device))
+    starts = np.concatenate([[0], np.cumsum([len(trees[it.request.id]) for it in items])])
+    for rid in (0, 1, 6):
+        logits[int(starts[rid]) + len(trees[rid]) - 1, 3] = bad
+    got = verify_inputs(items, trees, logits, dists)
+    for rid in (0, 1, 6):
+        assert got[rid].error.startswith(f"request {rid}: verification failed")
+        with pytest.raises(InvalidArgumentError, match=f"request {rid}: verification failed"):
+            got[rid].verify(trees[rid])
+    keep = [i for i in range(len(items)) if i not in (0, 1, 6)]
+    rows = torch.cat([logits[int(starts[i]):int(starts[i + 1])] for i in keep])
+    want = _reference([items[i] for i in keep], trees, dists, rows)
+    for i in keep:
+        assert got[i].error is None and list(got[i].verify(trees[i]).tokens) == list(want[i].tokens)
+
+
+def test_a_greedy_row_without_a_finite_logit_fails():
+    items, trees, dists, logits = _case(2)
+    logits[1] = -float("inf")  # request 0's second row
+    got = verify_inputs(items, trees, logits, dists)
+    assert "request 0: verification failed: the target's logits rows [1]" in got[0].error
+    assert all(got[it.request.id].error is None for it in items[1:])
+
+
 def test_batched_verification_on_the_gpu_equals_the_cpu_path():
-    from specd.ops import HAS_CUDA_KERNELS
-    if not HAS_CUDA_KERNELS:
-        pytest.skip("specd was built without its CUDA kernels")
+    _device_or_skip("cuda")
     accepted = sum(_check(*_case(seed, "cuda")) for seed in range(20))
     assert accepted > 20

@@ -318,3 +318,73 @@ def test_errors(models, tmp_path, tiny_tokenizer_dir):
         specd.LLM(target, other, specd.SpeculationConfig(method="draft"))
     # Nothing is left behind by the failed calls: the engine still works.
     assert llm.generate(prompts[0], greedy(max_tokens=3))[0].finish_reason == "length"
+
+
+def poison_target_rows(monkeypatch, victim_id, from_call, value=float("nan")):
+    """Makes the target's logits rows of request ``victim_id`` hold ``value`` (in one logit of
+    each row; -inf in every logit, leaving no finite one) from the ``from_call``-th target
+    forward in which it verifies onwards."""
+    from specd.engine import model_runner
+
+    run_target = model_runner.run_target
+    calls = [0]
+
+    def poisoned(target, pool, items, trees, graph=None):
+        logits = run_target(target, pool, items, trees, graph=graph)
+        row = 0
+        for it in items:
+            if not it.decide:
+                continue
+            n = len(trees[it.request.id])
+            if it.request.id == victim_id:
+                calls[0] += 1
+                if calls[0] >= from_call:
+                    logits = logits.clone()
+                    logits[row:row + n, slice(None) if value == float("-inf") else 5] = value
+            row += n
+        return logits
+
+    monkeypatch.setattr(model_runner, "run_target", poisoned)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_failed_verification_ends_only_its_request(models, monkeypatch, method, sampled):
+    """Non-finite logits in one request's rows end that request alone, with finish_reason
+    "error" and a message naming it; the others' outputs are those of a run without the
+    fault, and every KV page comes back."""
+    _, target, draft, prompts, baseline = models
+    llm = make_llm(target, draft, method, 3)
+    if sampled:
+        params = [specd.SamplingParams(temperature=0.9, top_k=30, max_tokens=MAX_TOKENS, ignore_eos=True, seed=50 + i)
+                  for i in range(len(prompts))]
+        expected = [o.token_ids for o in llm.generate(prompts, params)]
+    else:
+        params, expected = greedy(), baseline
+    victim = 3
+    poison_target_rows(monkeypatch, victim_id=llm._next_id + victim, from_call=3)
+    outs = llm.generate(prompts, params)
+    for i, o in enumerate(outs):
+        if i == victim:
+            assert o.finish_reason == "error"
+            assert f"request {o.request_id}: verification failed" in o.error
+            assert o.token_ids == expected[i][:len(o.token_ids)] and len(o.token_ids) < MAX_TOKENS
+        else:
+            assert (o.token_ids, o.finish_reason, o.error) == (expected[i], "length", None)
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+    assert not llm.engine.has_work
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_a_failed_verification_ends_a_stream_with_the_error(models, monkeypatch, value):
+    """+inf in a row, or no finite logit at all (every one -inf), also fails the request."""
+    _, target, _, prompts, baseline = models
+    llm = make_llm(target)
+    poison_target_rows(monkeypatch, victim_id=llm._next_id, from_call=2, value=value)
+    chunks = list(llm.stream(prompts[1], greedy()))
+    last = chunks[-1]
+    assert last.finished and last.finish_reason == "error" and "request 0" in last.error
+    assert sum((c.token_ids for c in chunks), []) == baseline[1][:1]
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+    # The LLM serves the next request normally.
+    assert llm.generate(prompts[2], greedy())[0].token_ids == baseline[2]

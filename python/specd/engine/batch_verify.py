@@ -1,14 +1,19 @@
 """What a step's verification reads from the target's logits, gathered for all deciding
 requests at once so that the host waits for the device as few times as possible.
 
-- Greedy requests: the argmax of every logits row, one device op and one copy; each request
-  then follows its tree on the host (:func:`specd.verification.verify_greedy_tokens`).
+- Greedy requests: the argmax of every logits row and whether the row's largest logit is
+  finite, one copy; each request then follows its tree on the host
+  (:func:`specd.verification.verify_greedy_tokens`).
 - Sampled requests: verified where the logits are, in batched ops (``specd::sampling_probs``
   then ``specd::verify_stochastic``, rules in cpp/include/specd/sampling_batch.h and
   verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
   vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
   copy. Requests whose drafts came from the draft model (with their distributions) and
   model-free ones (one-hot drafts) are two groups, two op calls each.
+
+A request whose rows hold a NaN or +inf logit, or no finite one (or whose sampling parameters
+the ops reject) gets ``VerifyInputs.error``, a message naming it, instead of a result; the
+engine fails that request alone (finish_reason "error") and the others go on.
 
 The results equal the per-request CPU path (``_core.sampling_probs`` then
 :func:`specd.verification.verify`, key (seed, request, step 0, position = the request's
@@ -18,7 +23,7 @@ length)): tests/python/test_ops.py checks the batched ops against those referenc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -35,8 +40,11 @@ class VerifyInputs:
 
     argmax: Optional[np.ndarray] = None
     result: Optional[VerifyOutput] = None
+    error: Optional[str] = None  # set instead of the above when this request's verification failed
 
     def verify(self, tree: TokenTree) -> VerifyOutput:
+        if self.error is not None:
+            raise InvalidArgumentError(self.error)
         return self.result if self.result is not None else verify_greedy_tokens(self.argmax, tree)
 
 
@@ -51,17 +59,29 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
         row = spans[-1][1]
     out = {it.request.id: VerifyInputs() for it in deciding}
     if any(it.request.params.greedy for it in deciding):
-        argmax = logits.argmax(dim=-1).cpu().numpy()
+        argmax = logits.argmax(dim=-1)  # a NaN counts as the largest: its row's value is NaN
+        finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
+        host = torch.cat([argmax, finite.to(argmax.dtype)]).cpu().numpy()  # one copy
+        argmax, finite = host[:len(host) // 2], host[len(host) // 2:]
         for it, (a, b) in zip(deciding, spans):
-            if it.request.params.greedy:
+            if not it.request.params.greedy:
+                continue
+            if finite[a:b].all():
                 out[it.request.id].argmax = argmax[a:b]
+            else:
+                out[it.request.id].error = (f"request {it.request.id}: verification failed: the target's logits "
+                                            f"rows {[int(r) for r in np.flatnonzero(finite[a:b] == 0)]} of its "
+                                            "tree hold NaN or +inf, or no finite value")
     sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
     for drafted in (True, False):
         group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
         if group:
             results = _verify_sampled(group, trees, logits, draft_dists if drafted else None)
             for (it, _), result in zip(group, results):
-                out[it.request.id].result = result
+                if isinstance(result, str):
+                    out[it.request.id].error = result
+                else:
+                    out[it.request.id].result = result
     return out
 
 
@@ -74,9 +94,10 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
-                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]]) -> list[VerifyOutput]:
+                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]]) -> list[Union[VerifyOutput, str]]:
     """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
-    trees; the parameters and keys), one device-to-host copy (the results, the only wait)."""
+    trees; the parameters and keys), one device-to-host copy (the results, the only wait).
+    A request whose verification failed gets an error message instead of a VerifyOutput."""
     device = logits.device
     reqs = [it.request for it, _ in group]
     tree_list = [trees[r.id] for r in reqs]
@@ -111,9 +132,9 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
     for i, r in enumerate(reqs):
         a, b = int(offsets[i]), int(offsets[i + 1])
         if row_status[a:b].any() or status[i]:
-            raise InvalidArgumentError(f"request {r.id}: verification failed (sampling status "
-                                       f"{row_status[a:b].tolist()}, verify status {int(status[i])}): "
-                                       "non-finite logits or invalid sampling parameters")
+            results.append(f"request {r.id}: verification failed (sampling status {row_status[a:b].tolist()}, "
+                           f"verify status {int(status[i])}): non-finite logits or invalid sampling parameters")
+            continue
         n = int(accepted[i])
         results.append(VerifyOutput(out_tokens[a:a + n + 1].copy(), path[a:a + n + 1].copy(), n))
     return results

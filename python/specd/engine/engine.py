@@ -134,7 +134,13 @@ class Engine:
             if not it.decide:
                 self._commit_prefill(it)
                 continue
-            if self._accept(it, trees[it.request.id], inputs[it.request.id]):
+            failed = inputs[it.request.id].error
+            if failed is not None:  # this request alone ends; its KV and reservations are freed
+                self._draft_trees.pop(it.request.id, None)
+                self._release(it.request, finished=False)
+                it.request.fail(failed)
+                finished.append(it.request)
+            elif self._accept(it, trees[it.request.id], inputs[it.request.id]):
                 finished.append(it.request)
         step_s = self.timer.step_seconds(forward_s)
         observe_overhead = getattr(self.policy, "observe_overhead", None)

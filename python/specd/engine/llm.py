@@ -329,7 +329,7 @@ class LLM:
                     req.stream_sent = (len(req.text), len(req.output_ids))
                     yield StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished,
                                       req.finish_reason, req.accepted_flags[toks:], req.pieces[toks:],
-                                      req.metrics if req.finished else None)
+                                      req.metrics if req.finished else None, req.error)
                 if req.finished:
                     return
         finally:

@@ -65,8 +65,10 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str          # "stop" (stop string/token or EOS), "length" (max_tokens / context)
+    finish_reason: str          # "stop" (stop string/token or EOS), "length" (max_tokens / context),
+                                # "error" (this request failed; see error)
     metrics: RequestMetrics
+    error: Optional[str] = None  # with finish_reason "error": what failed, naming the request
 
 
 @dataclass
@@ -81,3 +83,4 @@ class StreamChunk:
     accepted: list[bool] = field(default_factory=list)  # per new token: was it an accepted draft?
     pieces: list[str] = field(default_factory=list)     # per new token: the text it added
     metrics: Optional[RequestMetrics] = None             # on the final chunk
+    error: Optional[str] = None                          # on a final chunk with finish_reason "error"

@@ -55,6 +55,7 @@ class Request:
     text: str = ""
     status: Status = Status.WAITING
     finish_reason: Optional[str] = None
+    error: Optional[str] = None  # why it failed (finish_reason "error")
     computed: list[int] = field(default_factory=lambda: [0, 0])  # KV committed: target, draft
     in_blocks: bool = False  # holds a sequence in the block manager
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
@@ -116,6 +117,11 @@ class Request:
                 return True
         return False
 
+    def fail(self, message: str) -> None:
+        """Ends the request with finish_reason "error" (its output so far is kept)."""
+        self.error = message
+        self._finish("error")
+
     def _finish(self, reason: str) -> None:
         self.status = Status.FINISHED
         self.finish_reason = reason
@@ -125,4 +131,4 @@ class Request:
 
     def output(self) -> RequestOutput:
         return RequestOutput(self.id, self.prompt, list(self.prompt_ids), self.text, list(self.output_ids),
-                             self.finish_reason or "", self.metrics)
+                             self.finish_reason or "", self.metrics, self.error)
