@@ -80,3 +80,19 @@ def test_errors_are_clear(pair, tmp_path):
     r = specd("bench", "--target", target, "--reps", "0")
     assert r.returncode == 2 and "--reps" in r.stderr
     assert specd("generate", "x", "--method", "magic").returncode == 2
+
+
+def test_generate_reports_a_failed_request(pair, monkeypatch, capsys):
+    """In process, with NaN planted in the target's logits from the request's second verify:
+    the text so far, then one error line and exit status 1."""
+    from test_engine import poison_target_rows
+
+    from specd.cli import main
+
+    target, _ = pair
+    poison_target_rows(monkeypatch, victim_id=0, from_call=2)
+    code = main(["generate", "def fibonacci(n):", "--target", str(target), "--method", "none",
+                 "--max-tokens", "12", "--dtype", "float32"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "specd generate: error: request 0: verification failed" in err

@@ -53,13 +53,17 @@ def run(args: argparse.Namespace) -> int:
     if args.chat and getattr(llm.tokenizer, "chat_template", None):
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                    add_generation_prompt=True)
-    out, metrics = sys.stdout, None
+    out, metrics, error = sys.stdout, None, None
     for chunk in llm.stream(prompt, params):
         for piece, accepted in zip(chunk.pieces, chunk.accepted):
             out.write(f"{GREEN}{piece}{RESET}" if args.show_accepted and accepted and piece else piece)
         out.flush()
         metrics = chunk.metrics or metrics
+        error = chunk.error
     out.write("\n")
+    if error is not None:
+        print(f"specd generate: error: {error}", file=sys.stderr)
+        return 1
     print(f"[specd] {metrics.generated_tokens} tokens, {metrics.tokens_per_s:.2f} tokens/s, "
           f"{metrics.verify_steps} verify steps, acceptance rate {metrics.acceptance_rate:.2f}, "
           f"mean accepted length {metrics.mean_accepted_length:.2f} tokens/step", file=sys.stderr)
