@@ -115,7 +115,7 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
     engine = llm.engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     pending = deque(enumerate(arrivals))
-    active: dict[int, tuple] = {}   # request id -> (request, index, arrival)
+    active: dict[int, tuple] = {}   # request id -> (its output tokens so far, index, arrival)
     first: dict[int, float] = {}
     result = RunResult(label, rate)
     batch_sizes = []
@@ -127,9 +127,7 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
     while pending or active:
         while pending and pending[0][1] <= now:
             i, at = pending.popleft()
-            req = llm._make_request(list(prompts[i % len(prompts)]), params)
-            engine.add(req)
-            active[req.id] = (req, i, at)
+            active[llm.add_request(list(prompts[i % len(prompts)]), params)] = ([], i, at)
         if not active:
             wait = pending[0][1]
             if clock == "wall":
@@ -140,26 +138,31 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
             continue
         before = engine.timings.step_s
         batch_sizes.append(len(engine.scheduler.running) + min(len(engine.scheduler.waiting), 1))
-        finished = engine.step()
+        chunks = llm.step()
         now = now + (engine.timings.step_s - before) if clock == "virtual" else time.perf_counter() - t0
-        for rid, (req, i, at) in active.items():
-            if rid not in first and req.output_ids:
-                first[rid] = now
-        for req in finished:
-            _, i, at = active.pop(req.id)
-            n = len(req.output_ids)
+        for chunk in chunks:
+            output, i, at = active[chunk.request_id]
+            output.extend(chunk.token_ids)
+            if chunk.request_id not in first and output:
+                first[chunk.request_id] = now
+            if not chunk.finished:
+                continue
+            del active[chunk.request_id]
+            if chunk.finish_reason not in ("length", "stop"):
+                raise RuntimeError(f"request {chunk.request_id} ended with {chunk.finish_reason!r}: {chunk.error}")
+            n = len(output)
             result.latencies.append(now - at)
-            result.ttfts.append(first[req.id] - at)
+            result.ttfts.append(first[chunk.request_id] - at)
             if n > 1:
-                result.tpots.append((now - first[req.id]) / (n - 1))
+                result.tpots.append((now - first[chunk.request_id]) / (n - 1))
             result.tokens += n
             want = list(expected[i % len(expected)][:max_tokens]) if expected is not None else None
-            if want is not None and req.output_ids != want:
+            if want is not None and output != want:
                 result.identical = False
-                pos = first_difference(want, req.output_ids)
+                pos = first_difference(want, output)
                 if len(result.divergences) < MAX_DIVERGENCES:
                     result.divergences.append({"prompt": i % len(expected), "position": pos,
-                                               "got": list(req.output_ids[:pos + 1])})
+                                               "got": list(output[:pos + 1])})
     result.makespan = now - (arrivals[0] if arrivals else 0.0)
     result.busy = engine.timings.step_s - busy_before
     result.steps, result.target_s, result.draft_s, result.other_s = (

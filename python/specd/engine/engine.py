@@ -18,7 +18,7 @@ from specd.engine.batch_verify import VerifyInputs, verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest
-from specd.engine.request import Request, Status
+from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.timer import WallTimer, causal_keys
 from specd.errors import InvalidArgumentError
@@ -87,8 +87,7 @@ class Engine:
 
     def abort(self, request: Request) -> None:
         self._release(request, finished=False)
-        request.status = Status.FINISHED
-        request.finish_reason = "abort"
+        request.finish("abort")
 
     def _release(self, request: Request, finished: bool) -> None:
         self.scheduler.finish(request)

@@ -4,6 +4,7 @@
                     speculation=specd.SpeculationConfig(method="draft", num_speculative_tokens=4))
     outs = llm.generate(["def fib(n):"], specd.SamplingParams(temperature=0.0, max_tokens=128))
     for chunk in llm.stream("def fib(n):", params): print(chunk.text, end="")
+    rid = llm.add_request("import os", params); chunks = llm.step()   # online serving
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from specd.engine.policies import make_policy
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
-from specd.errors import InvalidArgumentError
+from specd.errors import InvalidArgumentError, UnknownSequenceError
 from specd.kv_cache import KVCachePool, KVModel
 from specd.models.llama import LlamaModel
 from specd.models.loader import LoadedModel, check_compatible, load_model
@@ -180,6 +181,7 @@ class LLM:
                              if _graph_wanted(target_graph, self.target, timer) else None)
         self.seed = seed
         self._next_id = 0
+        self._online: dict[int, Request] = {}  # add_request's requests until step() reports their end
 
     def reset(self, policy: Union[str, SpeculationPolicy, None] = None) -> None:
         """Starts serving afresh, as a new LLM with the same arguments would, but keeps what is
@@ -199,6 +201,7 @@ class LLM:
         engine.draft_graph, engine.target_graph = self.draft_graph, self.target_graph
         self.engine = engine
         self._next_id = 0
+        self._online.clear()  # only ended requests can be left (their final chunks are dropped)
 
     def capture_cuda_graphs(self, sampling: bool = False) -> dict:
         """Captures, now, every CUDA graph the graph runners would otherwise capture on first
@@ -324,17 +327,75 @@ class LLM:
             while True:
                 if not req.finished:
                     self.engine.step()
-                chars, toks = req.stream_sent
-                if len(req.text) > chars or len(req.output_ids) > toks or req.finished:
-                    req.stream_sent = (len(req.text), len(req.output_ids))
-                    yield StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished,
-                                      req.finish_reason, req.accepted_flags[toks:], req.pieces[toks:],
-                                      req.metrics if req.finished else None, req.error)
+                chunk = _next_chunk(req)
+                if chunk is not None:
+                    yield chunk
                 if req.finished:
                     return
         finally:
             if not req.finished:
                 self.engine.abort(req)
+
+    # ---- online serving (continuous batching driven by the caller) ----
+
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> int:
+        """Queues one request and returns its id; it joins the running batch at the next
+        ``step()``. Requests may be added between any two steps. It is validated as in
+        ``generate`` (``InvalidArgumentError``; nothing is queued then)."""
+        req = self._requests(prompt, params)[0]
+        self.engine.add(req)
+        self._online[req.id] = req
+        return req.id
+
+    def step(self) -> list[StreamChunk]:
+        """Runs one engine step over all unfinished requests and returns a ``StreamChunk`` for
+        each request of ``add_request`` that has new tokens or text since its last chunk, or
+        has ended (its final chunk: ``finished``, ``finish_reason``, ``metrics``, ``error``);
+        a request aborted since the last call gets its final chunk here. Requests of
+        ``generate`` and ``stream`` are not reported; while those run, online requests
+        progress too and their tokens come with the next ``step()``. [] when nothing is
+        pending."""
+        if self.engine.has_work:
+            self.engine.step()
+        chunks = []
+        for rid, req in list(self._online.items()):
+            chunk = _next_chunk(req)
+            if chunk is not None:
+                chunks.append(chunk)
+            if req.finished:
+                del self._online[rid]
+        return chunks
+
+    def abort_request(self, request_id: int) -> bool:
+        """Stops a request of ``add_request`` and frees its KV pages; its final chunk
+        (finish_reason "abort") comes with the next ``step()``. Returns False when the request
+        has already ended (the race of a server's cancel with the last step).
+        ``UnknownSequenceError`` for an id that ``add_request`` never returned."""
+        req = self._online.get(request_id)
+        if req is None:
+            if isinstance(request_id, int) and 0 <= request_id < self._next_id:
+                return False  # ended and reported, or a request of generate/stream
+            raise UnknownSequenceError(f"abort_request: no request {request_id!r} was added to this LLM")
+        if req.finished:
+            return False
+        self.engine.abort(req)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether a request of ``add_request`` has not had its final chunk from ``step()`` yet."""
+        return bool(self._online)
+
+
+def _next_chunk(req: Request) -> Optional[StreamChunk]:
+    """The request's output since its last chunk (``req.stream_sent``), or None when it has
+    nothing new and has not ended."""
+    chars, toks = req.stream_sent
+    if len(req.text) == chars and len(req.output_ids) == toks and not req.finished:
+        return None
+    req.stream_sent = (len(req.text), len(req.output_ids))
+    return StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished, req.finish_reason,
+                       req.accepted_flags[toks:], req.pieces[toks:], req.metrics if req.finished else None,
+                       req.error)
 
 
 def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:

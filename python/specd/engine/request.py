@@ -92,11 +92,11 @@ class Request:
             self.pieces.append(piece)
             self.text += piece
             if (token in self.eos_ids and not self.params.ignore_eos) or token in self.params.stop_token_ids:
-                self._finish("stop")
+                self.finish("stop")
             elif self.detokenizer is not None and self._cut_at_stop_string():
-                self._finish("stop")
+                self.finish("stop")
             elif self.room() <= 0:
-                self._finish("length")
+                self.finish("length")
             if self.finished:
                 break
         self.metrics.generated_tokens = len(self.output_ids)
@@ -120,9 +120,10 @@ class Request:
     def fail(self, message: str) -> None:
         """Ends the request with finish_reason "error" (its output so far is kept)."""
         self.error = message
-        self._finish("error")
+        self.finish("error")
 
-    def _finish(self, reason: str) -> None:
+    def finish(self, reason: str) -> None:
+        """Ends the request: "stop", "length", "error" (fail) or "abort" (Engine.abort)."""
         self.status = Status.FINISHED
         self.finish_reason = reason
         self.finished_at = time.perf_counter()
