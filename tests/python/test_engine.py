@@ -271,6 +271,32 @@ def test_stream_yields_the_generated_text(models):
     assert len(flags) == 15 and any(flags)
 
 
+def test_incremental_text_equals_one_decode(models):
+    """The engine's incremental detokenizer, on its fast path (the tokenizer's Rust backend)
+    and through transformers' decode, gives piece by piece the text one decode of the whole
+    output gives; characters split over several byte tokens come out once complete."""
+    from specd.engine.request import Detokenizer
+
+    _, target, _, _, _ = models
+    tok = make_llm(target).tokenizer
+    ids = tok(CODE_SNIPPET + "naïve café 東京 🙂 done\n")["input_ids"]
+    prompt, out = ids[:10], ids[10:]
+
+    class SlowPath:  # no backend_tokenizer: every decode goes through transformers
+        def decode(self, token_ids, skip_special_tokens):
+            return tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    context = prompt[-6:]
+    want = tok.decode(context + out)[len(tok.decode(context)):]
+    pieces = {}
+    for name, t in (("fast", tok), ("slow", SlowPath())):
+        detok = Detokenizer(t, prompt)
+        pieces[name] = [detok.push(x) for x in out]
+        assert "".join(pieces[name]) == want
+    assert pieces["fast"] == pieces["slow"]
+    assert pieces["fast"].count("") > 3  # multi-byte characters were held back a token or more
+
+
 def test_stop_string_token_and_eos(models):
     _, target, _, prompts, baseline = models
     llm = make_llm(target, method="ngram", k=3)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from specd.engine.scheduler import WorkItem
+from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.ops import pack_rng_keys, pack_sampling_params, sampling_probs, verify_stochastic
 from specd.verification import TokenTree, VerifyOutput, verify_greedy_tokens
@@ -59,7 +60,7 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
         row = spans[-1][1]
     out = {it.request.id: VerifyInputs() for it in deciding}
     if any(it.request.params.greedy for it in deciding):
-        argmax = logits.argmax(dim=-1)  # a NaN counts as the largest: its row's value is NaN
+        argmax = row_argmax(logits)  # a NaN counts as the largest: its row's value is NaN
         finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
         host = torch.cat([argmax, finite.to(argmax.dtype)]).cpu().numpy()  # one copy
         argmax, finite = host[:len(host) // 2], host[len(host) // 2:]

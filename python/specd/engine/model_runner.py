@@ -23,7 +23,7 @@ from specd.engine.request import Request
 from specd.engine.rng import philox_uniform
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
 from specd.engine.timer import causal_keys
-from specd.engine.torch_sampling import DRAFT_STREAM, sample_inverse_cdf, sampling_probs
+from specd.engine.torch_sampling import DRAFT_STREAM, row_argmax, sample_inverse_cdf, sampling_probs
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
@@ -200,10 +200,11 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
         tokens = sum(len(seg.input_ids) for seg in segments)
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         logits = on_forward(tokens, run, segment_keys(segments)) if on_forward is not None else run()
+        greedy = row_argmax(logits) if any(items[i].request.params.greedy for i in active) else None
         for row, i in enumerate(active):
             req = items[i].request
             if req.params.greedy:
-                sampled[i].append(torch.argmax(logits[row]))
+                sampled[i].append(greedy[row])
                 continue
             q = sampling_probs(logits[row], req.params)
             u = philox_uniform(req.rng_seed, req.rng_request, DRAFT_STREAM, req.length + j, 0, device=device)

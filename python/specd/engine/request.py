@@ -26,12 +26,20 @@ class Detokenizer:
         self.ids = list(prompt_ids[-6:])  # a little context so the first token decodes right
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
+        # A fast tokenizer's decode is its Rust backend's decode, then an optional clean-up of
+        # spaces. Without the clean-up, the backend is called directly: the same text at a
+        # third of the cost per token (7.3 -> 2.7 us for Qwen2.5's tokenizer), which the
+        # engine pays twice per generated token on the host, between GPU steps.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False:
+            self.decode = lambda ids: backend.decode(ids, skip_special_tokens=True)
+        else:
+            self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, token: int) -> str:
         self.ids.append(token)
-        decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-        prefix = decode(self.ids[self.prefix_offset:self.read_offset])
-        full = decode(self.ids[self.prefix_offset:])
+        prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.decode(self.ids[self.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix):]
