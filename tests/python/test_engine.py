@@ -296,6 +296,46 @@ def test_incremental_text_equals_one_decode(models):
     assert pieces["fast"] == pieces["slow"]
     assert pieces["fast"].count("") > 3  # multi-byte characters were held back a token or more
 
+    # push_many over any split of the output: after each chunk, the same text as pushing its
+    # tokens one by one (chunks ending inside a character included: held back the same way).
+    rng = np.random.default_rng(0)
+    per_token = np.cumsum([0] + [len(p) for p in pieces["fast"]])
+    for _ in range(20):
+        cuts = np.sort(rng.choice(np.arange(1, len(out)), size=8, replace=False))
+        detok, text = Detokenizer(tok, prompt), ""
+        for a, b in zip([0, *cuts], [*cuts, len(out)]):
+            text += detok.push_many(out[a:b])
+            assert text == want[:per_token[b]]
+
+
+def test_text_made_on_read_equals_text_per_token(models):
+    """Request.text decodes on read (no detokenization per step); reads at any points, and
+    pieces read after a text-only read, give the text and pieces of token-by-token pushes."""
+    from specd.engine.request import Detokenizer, Request
+
+    _, target, _, _, _ = models
+    tok = make_llm(target).tokenizer
+    ids = tok(CODE_SNIPPET + "naïve café 東京 🙂 done\n")["input_ids"]
+    prompt, out = ids[:10], ids[10:]
+    detok = Detokenizer(tok, prompt)
+    want_pieces = [detok.push(t) for t in out]
+
+    def request():
+        return Request(0, None, list(prompt), specd.SamplingParams(max_tokens=len(out) + 1), 0, 0, 10_000,
+                       frozenset(), detokenizer=Detokenizer(tok, prompt))
+
+    for reads in (["text"], ["pieces"], ["text", "pieces"], ["pieces", "text"]):
+        req, step = request(), 0
+        while step < len(out):
+            req.emit(out[step:step + 3], 2)
+            step += 3
+            for what in reads:
+                getattr(req, what)
+            assert req.tokens == prompt + out[:step]
+        assert req.text == "".join(want_pieces)
+        assert req.pieces == want_pieces
+        assert req.text == "".join(want_pieces)  # unchanged by the pieces' rebuild
+
 
 def test_stop_string_token_and_eos(models):
     _, target, _, prompts, baseline = models

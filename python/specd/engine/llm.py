@@ -390,11 +390,12 @@ def _next_chunk(req: Request) -> Optional[StreamChunk]:
     """The request's output since its last chunk (``req.stream_sent``), or None when it has
     nothing new and has not ended."""
     chars, toks = req.stream_sent
+    pieces = req.pieces  # first: the text then advances with them (Request.text)
     if len(req.text) == chars and len(req.output_ids) == toks and not req.finished:
         return None
     req.stream_sent = (len(req.text), len(req.output_ids))
     return StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished, req.finish_reason,
-                       req.accepted_flags[toks:], req.pieces[toks:], req.metrics if req.finished else None,
+                       req.accepted_flags[toks:], pieces[toks:], req.metrics if req.finished else None,
                        req.error)
 
 

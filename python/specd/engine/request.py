@@ -37,13 +37,31 @@ class Detokenizer:
             self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
     def push(self, token: int) -> str:
+        """The text ``token`` completes ("" while a character is incomplete)."""
         self.ids.append(token)
+        return self._advance() or ""
+
+    def push_many(self, tokens: list[int]) -> str:
+        """What pushing ``tokens`` one by one gives, concatenated, with one pair of decodes
+        instead of a pair per token. When their text ends in an incomplete character they are
+        pushed one by one (which gives the text up to the last complete character)."""
+        before = len(self.ids)
+        self.ids.extend(tokens)
+        text = self._advance()
+        if text is not None:
+            return text
+        del self.ids[before:]
+        return "".join(self.push(t) for t in tokens)
+
+    def _advance(self) -> Optional[str]:
+        """The text of the ids past the read offset, moving the offsets past them; None (offsets
+        kept) while that text ends in an incomplete character."""
         prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
         full = self.decode(self.ids[self.prefix_offset:])
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             return full[len(prefix):]
-        return ""
+        return None
 
 
 @dataclass
@@ -59,8 +77,6 @@ class Request:
     detokenizer: Optional[Detokenizer] = None
     output_ids: list[int] = field(default_factory=list)
     accepted_flags: list[bool] = field(default_factory=list)  # per output token: an accepted draft?
-    pieces: list[str] = field(default_factory=list)  # per output token: the text it added
-    text: str = ""
     status: Status = Status.WAITING
     finish_reason: Optional[str] = None
     error: Optional[str] = None  # why it failed (finish_reason "error")
@@ -70,14 +86,57 @@ class Request:
     started: Optional[float] = None
     finished_at: Optional[float] = None
     stream_sent: tuple[int, int] = (0, 0)  # (text chars, tokens) already streamed
+    # Text (see ``text``): the first ``_decoded`` output tokens' text, and the first
+    # ``_pieced`` tokens' pieces (``_pieced`` <= ``_decoded``).
+    _text: str = field(default="", repr=False)
+    _pieces: list[str] = field(default_factory=list, repr=False)
+    _decoded: int = field(default=0, repr=False)
+    _pieced: int = field(default=0, repr=False)
+    _tokens: list[int] = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        self._tokens = self.prompt_ids + self.output_ids
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """Prompt then output ids (the request's own list: read it, do not change it)."""
+        return self._tokens
+
+    # Text is made when it is read, not per step: one pair of decodes for all the tokens
+    # since the last read (Detokenizer.push_many) instead of a pair per token, between GPU
+    # steps. Per-token pieces (streams) are made token by token, as are both when the
+    # request has stop strings (emit needs the text at every token then).
+
+    @property
+    def text(self) -> str:
+        """The output's text (up to a stop string, which is cut)."""
+        pending = self.output_ids[self._decoded:]
+        if pending and self.detokenizer is not None:
+            self._text += self.detokenizer.push_many(pending)
+        self._decoded = len(self.output_ids)
+        return self._text
+
+    @property
+    def pieces(self) -> list[str]:
+        """Per output token, the text it added ("" for a token that completed no character);
+        their concatenation is ``text``."""
+        if self._pieced < len(self.output_ids):
+            if self.detokenizer is None:
+                self._pieces.extend([""] * (len(self.output_ids) - self._pieced))
+            elif self._pieced < self._decoded:  # the text ran ahead (a text-only read): redo it piece by piece
+                self.detokenizer = Detokenizer(self.detokenizer.tokenizer, self.prompt_ids)
+                self._pieces = [self.detokenizer.push(t) for t in self.output_ids]
+                self._text = "".join(self._pieces)
+            else:
+                new = [self.detokenizer.push(t) for t in self.output_ids[self._pieced:]]
+                self._pieces.extend(new)
+                self._text += "".join(new)
+            self._pieced = self._decoded = len(self.output_ids)
+        return self._pieces
 
     @property
     def length(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self._tokens)
 
     @property
     def finished(self) -> bool:
@@ -92,18 +151,21 @@ class Request:
         at EOS, a stop token or string, max_tokens or the context limit. Returns how many of
         them were kept."""
         kept = 0
+        strings = self.detokenizer is not None and bool(self.params.stop)
+        stop_ids = self.params.stop_token_ids
+        eos = () if self.params.ignore_eos else self.eos_ids
+        room = self.room()
         for i, token in enumerate(tokens):
             self.output_ids.append(token)
+            self._tokens.append(token)
             self.accepted_flags.append(i < num_accepted)
             kept += 1
-            piece = self.detokenizer.push(token) if self.detokenizer is not None else ""
-            self.pieces.append(piece)
-            self.text += piece
-            if (token in self.eos_ids and not self.params.ignore_eos) or token in self.params.stop_token_ids:
+            room -= 1
+            if token in eos or token in stop_ids:
                 self.finish("stop")
-            elif self.detokenizer is not None and self._cut_at_stop_string():
+            elif strings and self._cut_at_stop_string():
                 self.finish("stop")
-            elif self.room() <= 0:
+            elif room <= 0:
                 self.finish("length")
             if self.finished:
                 break
@@ -111,16 +173,19 @@ class Request:
         return kept
 
     def _cut_at_stop_string(self) -> bool:
+        """After the last output token: cuts the text (and pieces) at the first stop string
+        in it, if any. Pieces are made token by token here (``pieces``)."""
+        pieces = self.pieces
         for stop in self.params.stop:
-            at = self.text.find(stop)
+            at = self._text.find(stop)
             if at >= 0:
-                excess = len(self.text) - at
-                self.text = self.text[:at]
-                for i in range(len(self.pieces) - 1, -1, -1):  # keep "".join(pieces) == text
+                excess = len(self._text) - at
+                self._text = self._text[:at]
+                for i in range(len(pieces) - 1, -1, -1):  # keep "".join(pieces) == text
                     if excess <= 0:
                         break
-                    cut = min(excess, len(self.pieces[i]))
-                    self.pieces[i] = self.pieces[i][:len(self.pieces[i]) - cut]
+                    cut = min(excess, len(pieces[i]))
+                    pieces[i] = pieces[i][:len(pieces[i]) - cut]
                     excess -= cut
                 return True
         return False
