@@ -60,10 +60,8 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
         row = spans[-1][1]
     out = {it.request.id: VerifyInputs() for it in deciding}
     if any(it.request.params.greedy for it in deciding):
-        argmax = row_argmax(logits)  # a NaN counts as the largest: its row's value is NaN
-        finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
-        host = torch.cat([argmax, finite.to(argmax.dtype)]).cpu().numpy()  # one copy
-        argmax, finite = host[:len(host) // 2], host[len(host) // 2:]
+        argmax, finite = _greedy_rows(logits)
+        argmax = argmax.astype(np.int32)  # what verify_greedy_tokens reads: slices need no copy
         for it, (a, b) in zip(deciding, spans):
             if not it.request.params.greedy:
                 continue
@@ -84,6 +82,20 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
                 else:
                     out[it.request.id].result = result
     return out
+
+
+def _greedy_rows(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Every row's argmax (int64) and whether its value is finite, on the host. A NaN counts
+    as the largest value (row_argmax), so a row holding one is not finite either. On a GPU:
+    one copy back; CPU float32 rows are read in place by numpy."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        rows = logits.detach().numpy()
+        argmax = rows.argmax(-1)
+        return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
+    argmax = row_argmax(logits)
+    finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
+    host = torch.cat([argmax, finite.to(argmax.dtype)]).cpu().numpy()  # one copy
+    return host[:len(host) // 2], host[len(host) // 2:].astype(bool)
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

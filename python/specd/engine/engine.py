@@ -240,7 +240,7 @@ class Engine:
         # prefix, the root and the accepted drafts; rejected slots are dropped by the commit.
         base = it.num_prefix
         path = out.path[1:]
-        if accepted and not np.array_equal(path, np.arange(1, accepted + 1)):
+        if accepted and not tree.is_chain and not np.array_equal(path, np.arange(1, accepted + 1)):
             self.pool.copy_slots(TARGET, torch.from_numpy(it.target_slots[base + path]),
                                  torch.from_numpy(it.target_slots[base + 1:base + 1 + accepted]))
         self.pool.blocks.commit(req.id, base + 1 + accepted, model=TARGET)
@@ -266,31 +266,25 @@ class Engine:
     def _record(self, it: WorkItem, tree: TokenTree, accepted: int, path: np.ndarray) -> None:
         """Metrics, telemetry and the policy's feedback for one verify step."""
         req, m = it.request, it.request.metrics
+        drafts = tree.num_drafts
         m.verify_steps += 1
-        m.draft_tokens += tree.num_drafts
+        m.draft_tokens += drafts
         m.accepted_tokens += accepted
-        if len(m.accepted_per_position) < accepted:
-            m.accepted_per_position.extend([0] * (accepted - len(m.accepted_per_position)))
-        for d in range(accepted):
-            m.accepted_per_position[d] += 1
         m.k_per_step.append(it.k)
         m.methods_per_step.append(it.method)
         m.predicted_tokens.append(it.predicted_tokens)
         m.realised_tokens.append(accepted + 1)
         tel = self.telemetry
         tel["k"].append(it.k)
-        tel["drafted"] += tree.num_drafts
+        tel["drafted"] += drafts
         tel["accepted"] += accepted
         tel["predicted"] += it.predicted_tokens
         tel["realised"] += accepted + 1
         if it.k > 0:
+            _count_depths(m.accepted_per_position, accepted)
             tel["methods"][it.method] = tel["methods"].get(it.method, 0) + 1
-            for name, n in (("proposed_per_depth", tree.max_depth), ("accepted_per_depth", accepted)):
-                counts = tel[name]
-                counts.extend([0] * (n - len(counts)))
-                for d in range(n):
-                    counts[d] += 1
-        if it.k > 0:
+            _count_depths(tel["proposed_per_depth"], tree.max_depth)
+            _count_depths(tel["accepted_per_depth"], accepted)
             drafted = self._draft_trees.pop(req.id, None)
             # A draft-model tree reports its greedy chain's part (draft_tree.py).
             depth, passed = drafted.chain_result(path) if drafted is not None else (tree.max_depth, accepted)
@@ -333,6 +327,14 @@ class Engine:
                 if info.committed != req.computed[model] or info.reserved != 0 or info.num_pages != need:
                     raise AssertionError(f"request {req.id} model {model}: {info} but computed "
                                          f"{req.computed[model]} needs {need} pages")
+
+
+def _count_depths(counts: list[int], n: int) -> None:
+    """Adds one to each of depths 1..n (``counts[d - 1]``), growing the list as needed."""
+    if len(counts) < n:
+        counts.extend([0] * (n - len(counts)))
+    for d in range(n):
+        counts[d] += 1
 
 
 def _target_keys(item: WorkItem, trees: dict[int, TokenTree]) -> int:

@@ -95,22 +95,24 @@ class Scheduler:
         self.planner.add(request.id)
         self.requests[request.id] = request
 
-    def _step_request(self, req: Request) -> StepRequest:
-        return StepRequest(req, base_tokens=req.length - req.computed[TARGET],
-                           k_max=max(0, min(self.config.k_max, req.room() - 1)),
-                           draft_catch_up=req.length - req.computed[DRAFT], remaining_tokens=req.room())
+    def _step_request(self, req: Request, room: int) -> StepRequest:
+        length = req.length
+        return StepRequest(req, base_tokens=length - req.computed[TARGET],
+                           k_max=max(0, min(self.config.k_max, room - 1)),
+                           draft_catch_up=length - req.computed[DRAFT], remaining_tokens=room)
 
     def schedule(self) -> list[WorkItem]:
         reqs = list(self.requests.values())
-        self.planner.sync([r.id for r in reqs], [r.length for r in reqs], [r.computed[TARGET] for r in reqs],
-                          [r.computed[DRAFT] for r in reqs], [r.room() for r in reqs])
+        rooms = {r.id: r.room() for r in reqs}
+        self.planner.sync(list(rooms), [r.length for r in reqs], [r.computed[TARGET] for r in reqs],
+                          [r.computed[DRAFT] for r in reqs], list(rooms.values()))
         # One decision per step for the running batch and the waiting requests it may admit.
         candidates = self.planner.candidates()
         observe_load = getattr(self.policy, "observe_load", None)
         if observe_load is not None:
             admissible = len(candidates) - len(self.planner.running)
             observe_load(len(self.planner.waiting) - admissible, self.config.max_num_seqs)
-        batch = [self._step_request(self.requests[i]) for i in candidates]
+        batch = [self._step_request(self.requests[i], rooms[i]) for i in candidates]
         if self.probe is not None:
             self.probe(batch)
         decisions = dict(zip(candidates, self.policy.decide(batch)))

@@ -1,0 +1,136 @@
+"""Host time of an engine step: everything the engine does on the CPU around its model
+forwards (scheduling, the policy's decision, proposing, packing the graph runners' inputs,
+verification on the host, committing KV, emitting tokens, telemetry), per step and per
+request-step, by policy and batch size.
+
+    python bench/host_step.py [--batches 1,16] [--policies none,k2,k4,goodput] [--reps 9]
+                              [--tokens 64] [--json F]
+
+SYNTHETIC forwards: the tiny test model's forward is replaced by a null forward (one-hot
+logits of a fixed function of the input token, ~0.01 ms), so the time left is the engine's
+own. Target and draft use the same function, so every draft is accepted: each step emits
+k + 1 tokens per request, the most host work a step of that k can have. The graph runners run
+as on a GPU (their inputs packed into the fixed buffers, then their forward called eagerly
+instead of a graph replay); greedy decoding; 300-token prompts of Python source; a tokenizer
+(detokenization included). On a GPU the host time adds to the forwards' unless it overlaps
+them, so it bounds the steps per second a batch can reach.
+
+host ms/step = (wall time of generate - time inside the null forwards) / engine steps,
+the median of --reps runs (each after one warm-up generate of the same requests); runs of
+all cases are interleaved, so a slow spell of the machine spreads over every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from tiny_models import make_tiny_model, make_tokenizer, stdlib_corpus_files  # noqa: E402
+
+import specd  # noqa: E402
+
+VOCAB = 384
+
+
+def null_forward(clock: list[float]):
+    """A LlamaModel.forward stand-in: logits one-hot on (token * 31 + 7) % vocab of each row's
+    input token; ``clock[0]`` accumulates its time."""
+
+    def forward(self, input_ids, meta, kv, logits_indices=None, backend=None, logits_out=None):
+        t0 = time.perf_counter()
+        ids = input_ids if logits_indices is None else input_ids[logits_indices]
+        out = torch.zeros(len(ids), VOCAB) if logits_out is None else logits_out[:len(ids)].zero_()
+        out[torch.arange(len(ids)), (ids * 31 + 7) % VOCAB] = 1.0
+        clock[0] += time.perf_counter() - t0
+        return out
+
+    return forward
+
+
+def speculation(policy: str) -> specd.SpeculationConfig:
+    if policy == "none":
+        return specd.SpeculationConfig(method="draft", num_speculative_tokens=0)
+    if policy == "goodput":
+        return specd.SpeculationConfig(method="draft", num_speculative_tokens="auto")
+    if policy.startswith("k") and policy[1:].isdigit():
+        return specd.SpeculationConfig(method="draft", num_speculative_tokens=int(policy[1:]))
+    raise SystemExit(f"unknown policy {policy!r}: none, kN (static k = N, draft model) or goodput")
+
+
+class Case:
+    def __init__(self, model_dir: Path, policy: str, batch: int, tokens: int):
+        spec = speculation(policy)
+        draft = str(model_dir) if "draft" in spec.methods and spec.k > 0 else None
+        self.policy, self.batch = policy, batch
+        self.llm = specd.LLM(str(model_dir), draft, spec, dtype="float32", max_num_seqs=batch, num_kv_pages=4096,
+                             draft_graph=True if draft else None, target_graph=True)
+        self.clock = [0.0]
+        for model in (self.llm.target, self.llm.draft):
+            if model is not None:
+                model.forward = types.MethodType(null_forward(self.clock), model)
+        text = "".join(open(f).read() for f in stdlib_corpus_files()[:3])
+        self.prompts = [self.llm.tokenizer(text[2000 * i:2000 * i + 1500])["input_ids"][:300] for i in range(batch)]
+        self.params = specd.SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        self.llm.generate(self.prompts, self.params)  # warm-up
+        self.runs: list[tuple[float, float, int]] = []
+
+    def run(self) -> None:
+        self.llm.reset()
+        self.clock[0] = 0.0
+        t0 = time.perf_counter()
+        self.llm.generate(self.prompts, self.params)
+        wall = time.perf_counter() - t0
+        self.runs.append((wall - self.clock[0], self.clock[0], self.llm.engine.steps))
+
+    def row(self) -> dict:
+        host = statistics.median(r[0] / r[2] for r in self.runs)
+        steps = self.runs[-1][2]
+        return {"policy": self.policy, "batch": self.batch, "steps": steps,
+                "host_ms_per_step": 1e3 * host, "host_us_per_request_step": 1e6 * host / self.batch,
+                "null_forward_ms_per_step": 1e3 * statistics.median(r[1] / r[2] for r in self.runs),
+                "host_ms_per_step_min": 1e3 * min(r[0] / r[2] for r in self.runs), "reps": len(self.runs)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", default="1,16")
+    p.add_argument("--policies", default="none,k2,k4,goodput")
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--tokens", type=int, default=64, help="max_tokens per request")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_tokenizer(root / "tok", VOCAB)
+        make_tiny_model(root / "model", "qwen2", vocab_size=VOCAB, tokenizer_dir=root / "tok", seed=1)
+        cases = [Case(root / "model", policy, int(b), args.tokens)
+                 for b in args.batches.split(",") for policy in args.policies.split(",")]
+        for _ in range(args.reps):
+            for case in cases:
+                case.run()
+    rows = [c.row() for c in cases]
+    print("SYNTHETIC forwards (null; every draft accepted): the engine's host time per step, "
+          f"median of {args.reps} interleaved runs, {args.tokens} tokens per request")
+    print(f"{'policy':8s} {'batch':>5s} {'steps':>5s} {'host ms/step':>12s} {'us/request-step':>15s} "
+          f"{'min ms/step':>11s}")
+    for r in rows:
+        print(f"{r['policy']:8s} {r['batch']:5d} {r['steps']:5d} {r['host_ms_per_step']:12.3f} "
+              f"{r['host_us_per_request_step']:15.1f} {r['host_ms_per_step_min']:11.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"synthetic": "null forwards", "tokens": args.tokens, "rows": rows},
+                                        indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
