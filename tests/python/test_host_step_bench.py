@@ -1,0 +1,28 @@
+"""bench/host_step.py runs end to end: rows for every case, host time outside the device work,
+and the engine's outputs under null forwards are what they must be (every draft accepted)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "host_step.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("host_step", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_step_bench_reports_every_case(tmp_path):
+    out = tmp_path / "host.json"
+    assert _load().main(["--batches", "1,2", "--policies", "none,k2", "--reps", "2", "--tokens", "6",
+                         "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["policy"], r["batch"]) for r in rows] == [("none", 1), ("k2", 1), ("none", 2), ("k2", 2)]
+    for r in rows:
+        assert r["reps"] == 2 and r["host_ms_per_step"] > 0 and r["device_work_ms_per_step"] > 0
+        # 6 tokens: one per step without drafts; with k = 2 and every draft accepted, 3 per
+        # step (the first step also prefills): 2 steps
+        assert r["steps"] == (6 if r["policy"] == "none" else 2)
