@@ -28,11 +28,12 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from specd import _core
 from specd.engine.scheduler import WorkItem
 from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.ops import pack_rng_keys, pack_sampling_params, sampling_probs, verify_stochastic
-from specd.verification import TokenTree, VerifyOutput, verify_greedy_tokens
+from specd.verification import TokenTree, VerifyOutput
 
 @dataclass
 class VerifyInputs:
@@ -46,7 +47,11 @@ class VerifyInputs:
     def verify(self, tree: TokenTree) -> VerifyOutput:
         if self.error is not None:
             raise InvalidArgumentError(self.error)
-        return self.result if self.result is not None else verify_greedy_tokens(self.argmax, tree)
+        if self.result is not None:
+            return self.result
+        # verify_greedy_tokens without its argument conversions: argmax is already a
+        # contiguous int32 slice of the step's host copy (verify_inputs)
+        return VerifyOutput(*_core.verify_greedy_tokens(tree, self.argmax))
 
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,

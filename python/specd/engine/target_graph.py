@@ -179,28 +179,39 @@ class TargetGraphRunner:
 
     def _fill(self, buf: _Buffers, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> int:
         """Writes the inputs of ``items`` (rows and requests past them: padding) to the staging
-        buffer and copies it to the device. Returns the number of logits rows."""
+        buffer and copies it to the device. Returns the number of logits rows. Whole-step numpy
+        operations: one per field, plus one per tree for the masks of trees that are not
+        chains (a chain's node j sees nodes 0..j: bits 2^(j+1) - 1)."""
         buf.begin()  # the previous run's copy has left the pinned staging
         f, q = buf.fields, buf.q
         f["input_ids"].fill(0)
-        f["positions"].fill(0)
+        f["positions"].fill(0)  # dummy rows and requests: any position in range
         f["slot_mapping"].fill(-1)
         f["logits_index"].fill(0)
         f["tree_mask"].fill(0)
         f["kv_lens"].fill(q)  # dummy requests: no history, nothing visible
         rows = 0
-        for i, it in enumerate(items):
-            tree = trees[it.request.id]
-            size, base, history = len(tree), i * q, it.request.computed[TARGET]
-            f["input_ids"][base:base + size] = tree.tokens
-            f["positions"][base:base + q] = history  # dummy rows: any position in range
-            f["positions"][base:base + size] += tree.depths
-            f["slot_mapping"][base:base + size] = it.target_slots[:size]
-            bits = tree.ancestor_mask().view(np.int64)  # [size, ceil(size / 64)]
-            f["tree_mask"][base:base + size, :bits.shape[1]] = bits
-            f["kv_lens"][i] = history + q
-            f["logits_index"][rows:rows + size] = np.arange(base, base + size)
-            rows += size
+        if items:
+            step = [trees[it.request.id] for it in items]
+            n = len(items)
+            sizes = np.fromiter((len(t) for t in step), dtype=np.int64, count=n)
+            history = np.fromiter((it.request.computed[TARGET] for it in items), dtype=np.int64, count=n)
+            rows = int(sizes.sum())
+            node = np.arange(rows) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # index in its tree
+            dest = np.repeat(np.arange(n) * q, sizes) + node  # request i owns rows [i q, (i + 1) q)
+            chains = all(t.is_chain for t in step)
+            f["input_ids"][dest] = np.concatenate([t.tokens for t in step])
+            f["positions"][:n * q] = np.repeat(history, q)
+            f["positions"][dest] += node if chains else np.concatenate([t.depths for t in step])
+            f["slot_mapping"][dest] = np.concatenate([it.target_slots[:size] for it, size in zip(items, sizes)])
+            if chains and q < 63:
+                f["tree_mask"][dest, 0] = (np.int64(1) << (node + 1)) - 1
+            else:
+                for i, tree in enumerate(step):
+                    bits = tree.ancestor_mask().view(np.int64)  # [size, ceil(size / 64)]
+                    f["tree_mask"][i * q:i * q + len(tree), :bits.shape[1]] = bits
+            f["kv_lens"][:n] = history + q
+            f["logits_index"][:rows] = dest
         self.pool.blocks.block_table_into([it.request.id for it in items], f["block_table"], model=TARGET, pad=-1)
         buf.upload()
         return rows
