@@ -42,7 +42,7 @@ with or without speculation (``target_graph=False`` turns it off).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -94,6 +94,25 @@ class _Buffers(PackedStaging):
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)              # [B]
         self.block_table = torch.full((batch, width), -1, dtype=torch.int32, device=device)  # [B, W]
         self.query_start = torch.arange(0, tokens + 1, q, dtype=torch.int32, device=device)  # [B + 1]
+        self._layouts: dict[tuple[int, ...], tuple] = {}  # sizes -> layout()
+
+    def layout(self, sizes: list[int]) -> tuple[np.ndarray, Union[np.ndarray, slice], Optional[np.ndarray]]:
+        """For trees of ``sizes`` nodes in item order: every node's index in its tree, int64
+        ``[sum(sizes)]``; the nodes' rows (request i owns rows [i q, (i + 1) q)), an index
+        array, or a slice for a single request (whose rows are its node indices); and the
+        chain mask words of the nodes (node j sees nodes 0..j: 2^(j+1) - 1; None when q > 62).
+        Steps repeat the same sizes, so layouts are kept (up to 256 of them)."""
+        key = tuple(sizes)
+        cached = self._layouts.get(key)
+        if cached is None:
+            counts = np.array(sizes, dtype=np.int64)
+            node = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+            dest = slice(0, len(node)) if len(sizes) == 1 else np.repeat(np.arange(len(sizes)) * self.q, counts) + node
+            bits = (np.int64(1) << (node + 1)) - 1 if self.q <= 62 else None
+            if len(self._layouts) >= 256:
+                self._layouts.clear()
+            cached = self._layouts[key] = (node, dest, bits)
+        return cached
 
 
 class TargetGraphRunner:
@@ -194,24 +213,23 @@ class TargetGraphRunner:
         if items:
             step = [trees[it.request.id] for it in items]
             n = len(items)
-            sizes = np.fromiter((len(t) for t in step), dtype=np.int64, count=n)
-            history = np.fromiter((it.request.computed[TARGET] for it in items), dtype=np.int64, count=n)
-            rows = int(sizes.sum())
-            node = np.arange(rows) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # index in its tree
-            dest = np.repeat(np.arange(n) * q, sizes) + node  # request i owns rows [i q, (i + 1) q)
+            sizes = [len(t) for t in step]
+            history = np.array([it.request.computed[TARGET] for it in items], dtype=np.int64)
+            node, dest, chain_bits = buf.layout(sizes)
+            rows = len(node)
             chains = all(t.is_chain for t in step)
             f["input_ids"][dest] = np.concatenate([t.tokens for t in step])
             f["positions"][:n * q] = np.repeat(history, q)
             f["positions"][dest] += node if chains else np.concatenate([t.depths for t in step])
             f["slot_mapping"][dest] = np.concatenate([it.target_slots[:size] for it, size in zip(items, sizes)])
-            if chains and q < 63:
-                f["tree_mask"][dest, 0] = (np.int64(1) << (node + 1)) - 1
+            if chains and chain_bits is not None:
+                f["tree_mask"][dest, 0] = chain_bits
             else:
                 for i, tree in enumerate(step):
                     bits = tree.ancestor_mask().view(np.int64)  # [size, ceil(size / 64)]
                     f["tree_mask"][i * q:i * q + len(tree), :bits.shape[1]] = bits
             f["kv_lens"][:n] = history + q
-            f["logits_index"][:rows] = dest
+            f["logits_index"][:rows] = node if n == 1 else dest
         self.pool.blocks.block_table_into([it.request.id for it in items], f["block_table"], model=TARGET, pad=-1)
         buf.upload()
         return rows
