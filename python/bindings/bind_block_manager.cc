@@ -309,6 +309,8 @@ void bind_block_manager(py::module_& m) {
       .def_property_readonly("waiting", [](const StepPlanner& p) {
         return std::vector<RequestId>(p.waiting().begin(), p.waiting().end());
       })
+      .def_property_readonly("num_waiting", [](const StepPlanner& p) { return p.waiting().size(); },
+                             "How many requests wait in the queue.")
       .def_property_readonly("has_work", &StepPlanner::has_work)
       .def("draft_fed", &StepPlanner::draft_fed, py::arg("k"));
 }

@@ -94,3 +94,31 @@ def test_abort_before_the_first_step_and_bad_requests(pair):
     assert len(llm.generate(prompts[1], greedy(max_tokens=30))[0].token_ids) == 30
     chunks = llm.step()
     assert [c.request_id for c in chunks] == [rid] and chunks[0].finished and len(chunks[0].token_ids) == 5
+
+
+def test_a_queue_longer_than_the_batch(pair):
+    """Six requests at once with room for two: step() reports only requests that ran or
+    ended (no chunk for the waiting ones), a waiting request aborted gets its final chunk at
+    the next step, and the others still equal generate."""
+    target, draft, prompts, reference = pair
+    llm = make_llm(target, draft, "draft", 3, max_num_seqs=2)
+    ids = [llm.add_request(prompts[i], greedy()) for i in range(6)]
+    first = llm.step()
+    assert {c.request_id for c in first} <= set(ids[:2])  # the running two at most
+    assert llm.abort_request(ids[5]) is True  # still waiting
+    chunks = {rid: [] for rid in ids}
+    for c in first:
+        chunks[c.request_id].append(c)
+    while llm.has_unfinished_requests():
+        running = {r.id for r in llm.engine.scheduler.running}
+        step = llm.step()
+        for c in step:
+            chunks[c.request_id].append(c)
+        # a chunk comes from a request that ran in this step or ended (the abort)
+        assert all(c.finished or c.request_id in running | {r.id for r in llm.engine.scheduler.running}
+                   for c in step)
+    assert [(c.finish_reason, c.token_ids) for c in chunks[ids[5]]] == [("abort", [])]
+    for i in range(5):
+        assert sum((c.token_ids for c in chunks[ids[i]]), []) == reference[i].token_ids
+        assert chunks[ids[i]][-1].finish_reason == "length"
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages

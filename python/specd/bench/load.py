@@ -137,7 +137,7 @@ def run_load(llm, prompts: Sequence[list[int]], arrivals: Sequence[float], max_t
                 now = wait
             continue
         before = engine.timings.step_s
-        batch_sizes.append(len(engine.scheduler.running) + min(len(engine.scheduler.waiting), 1))
+        batch_sizes.append(len(engine.scheduler.running) + min(engine.scheduler.num_waiting, 1))
         chunks = llm.step()
         now = now + (engine.timings.step_s - before) if clock == "virtual" else time.perf_counter() - t0
         for chunk in chunks:

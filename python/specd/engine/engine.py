@@ -62,6 +62,9 @@ class Engine:
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
         self.steps = 0
+        # When a set: ids of the requests that steps scheduled or that ended (aborts) since the
+        # consumer last emptied it (LLM.step reports only those); None: not tracked.
+        self.touched: Optional[set[int]] = None
         self._emitted = 0  # tokens emitted in the current step (observe_step)
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
@@ -88,6 +91,8 @@ class Engine:
     def abort(self, request: Request) -> None:
         self._release(request, finished=False)
         request.finish("abort")
+        if self.touched is not None:
+            self.touched.add(request.id)
 
     def _release(self, request: Request, finished: bool) -> None:
         self.scheduler.finish(request)
@@ -116,12 +121,15 @@ class Engine:
         for it in items:
             if it.request.started is None:
                 it.request.started = now
+        if self.touched is not None:
+            self.touched.update(it.request.id for it in items)
         deciding = [it for it in items if it.decide]
         forward_s = 0.0
         trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))
         forward_s += draft_s
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
-        keys = sum(_target_keys(it, trees) for it in items)
+        # Attended keys price a synthetic step (timer.py); a wall clock does not read them.
+        keys = sum(_target_keys(it, trees) for it in items) if getattr(self.timer, "synthetic", True) else None
         logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
             self.target, self.pool, items, trees, graph=self.target_graph), keys)
         self.policy.observe_forward("target", tokens, target_s)
@@ -147,7 +155,7 @@ class Engine:
             observe_overhead(step_s - forward_s)
         observe_step = getattr(self.policy, "observe_step", None)
         if observe_step is not None:
-            observe_step(self._emitted, step_s, len(self.scheduler.waiting))
+            observe_step(self._emitted, step_s, self.scheduler.num_waiting)
         self.steps += 1
         t = self.timings
         t.steps += 1

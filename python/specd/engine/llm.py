@@ -317,9 +317,11 @@ class LLM:
         requests = self._requests(prompts, params)  # validates everything before starting
         for req in requests:
             self.engine.add(req)
+        pending = {r.id for r in requests}  # not a scan of every request per step (large batches)
         try:
-            while not all(r.finished for r in requests):
-                self.engine.step()
+            while pending:
+                for done in self.engine.step():
+                    pending.discard(done.id)
         except BaseException:
             for req in requests:
                 if not req.finished:
@@ -351,6 +353,8 @@ class LLM:
         ``step()``. Requests may be added between any two steps. It is validated as in
         ``generate`` (``InvalidArgumentError``; nothing is queued then)."""
         req = self._requests(prompt, params)[0]
+        if self.engine.touched is None:  # step() reports the requests the engine touched
+            self.engine.touched = set()
         self.engine.add(req)
         self._online[req.id] = req
         return req.id
@@ -365,8 +369,14 @@ class LLM:
         pending."""
         if self.engine.has_work:
             self.engine.step()
+        # Only requests that steps scheduled or that ended since the last call can have
+        # something to report: a queue of waiting requests costs nothing here.
+        touched = self.engine.touched if self.engine.touched is not None else set()
+        ids = sorted(rid for rid in touched if rid in self._online)  # in the order they were added
+        touched.clear()
         chunks = []
-        for rid, req in list(self._online.items()):
+        for rid in ids:
+            req = self._online[rid]
             chunk = _next_chunk(req)
             if chunk is not None:
                 chunks.append(chunk)

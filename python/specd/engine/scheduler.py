@@ -75,6 +75,7 @@ class Scheduler:
             model_free_tree_nodes=config.model_free_tree_nodes, draft_tree_width=config.draft_tree_width,
             draft_tree_nodes=config.draft_tree_nodes)
         self.requests: dict[int, Request] = {}
+        self._unsynced: list[int] = []  # added since the last sync (the planner has no state for them)
         # Fills StepRequest.node_probs before decide (the engine sets it for policies that
         # want node probabilities; None: not asked).
         self.probe: Optional[Callable[[list[StepRequest]], None]] = None
@@ -88,12 +89,17 @@ class Scheduler:
         return [self.requests[i] for i in self.planner.waiting]
 
     @property
+    def num_waiting(self) -> int:
+        return self.planner.num_waiting
+
+    @property
     def has_work(self) -> bool:
         return self.planner.has_work
 
     def add(self, request: Request) -> None:
         self.planner.add(request.id)
         self.requests[request.id] = request
+        self._unsynced.append(request.id)
 
     def _step_request(self, req: Request, room: int) -> StepRequest:
         length = req.length
@@ -102,7 +108,12 @@ class Scheduler:
                            draft_catch_up=length - req.computed[DRAFT], remaining_tokens=room)
 
     def schedule(self) -> list[WorkItem]:
-        reqs = list(self.requests.values())
+        # The planner keeps each request's last synced state. Running requests change every
+        # step and new ones have none yet; a waiting request does not change while it waits
+        # (a preemption resets its KV on both sides), so a queue costs nothing per step.
+        reqs = [self.requests[i] for i in self.planner.running]
+        reqs += [self.requests[i] for i in self._unsynced if i in self.requests]
+        self._unsynced.clear()
         rooms = {r.id: r.room() for r in reqs}
         self.planner.sync(list(rooms), [r.length for r in reqs], [r.computed[TARGET] for r in reqs],
                           [r.computed[DRAFT] for r in reqs], list(rooms.values()))
@@ -111,8 +122,9 @@ class Scheduler:
         observe_load = getattr(self.policy, "observe_load", None)
         if observe_load is not None:
             admissible = len(candidates) - len(self.planner.running)
-            observe_load(len(self.planner.waiting) - admissible, self.config.max_num_seqs)
-        batch = [self._step_request(self.requests[i], rooms[i]) for i in candidates]
+            observe_load(self.planner.num_waiting - admissible, self.config.max_num_seqs)
+        batch = [self._step_request(self.requests[i], rooms[i] if i in rooms else self.requests[i].room())
+                 for i in candidates]
         if self.probe is not None:
             self.probe(batch)
         decisions = dict(zip(candidates, self.policy.decide(batch)))
