@@ -4,7 +4,7 @@ verification on the host, committing KV, emitting tokens, telemetry), per step a
 request-step, by policy and batch size.
 
     python bench/host_step.py [--batches 1,16] [--policies none,k2,k4,goodput] [--reps 9]
-                              [--tokens 64] [--json F]
+                              [--tokens 64] [--queue N] [--json F]
 
 SYNTHETIC forwards: the tiny test model's forward is replaced by a null forward (one-hot
 logits of a fixed function of the input token), so the time left is the engine's own. Target
@@ -21,6 +21,11 @@ unless it overlaps them, so it bounds the steps per second a batch can reach.
 host ms/step = (wall time of generate - device work) / engine steps, the median of --reps
 runs (each after one warm-up generate of the same requests); runs of all cases are
 interleaved, so a slow spell of the machine spreads over every case.
+
+--queue N: the serving path instead of generate. Each run adds the batch's requests and N
+more through LLM.add_request (max_num_seqs = the batch, so N wait), runs 3 steps (prefill),
+then times --tokens - 4 steps of LLM.step() (the batch still running, all N still waiting),
+then aborts everything. A server's step should not slow down with its queue.
 """
 
 from __future__ import annotations
@@ -86,10 +91,10 @@ def speculation(policy: str) -> specd.SpeculationConfig:
 
 
 class Case:
-    def __init__(self, model_dir: Path, policy: str, batch: int, tokens: int):
+    def __init__(self, model_dir: Path, policy: str, batch: int, tokens: int, queue: int = 0):
         spec = speculation(policy)
         draft = str(model_dir) if "draft" in spec.methods else None
-        self.policy, self.batch = policy, batch
+        self.policy, self.batch, self.queue, self.tokens = policy, batch, queue, tokens
         self.llm = specd.LLM(str(model_dir), draft, spec, dtype="float32", max_num_seqs=batch, num_kv_pages=4096,
                              draft_graph=True if draft else None, target_graph=True)
         self.clock = DeviceClock()
@@ -108,16 +113,35 @@ class Case:
 
     def run(self) -> None:
         self.llm.reset()
+        if self.queue:
+            return self._run_serving()
         self.clock.seconds = 0.0
         t0 = time.perf_counter()
         self.llm.generate(self.prompts, self.params)
         wall = time.perf_counter() - t0
         self.runs.append((wall - self.clock.seconds, self.clock.seconds, self.llm.engine.steps))
 
+    def _run_serving(self) -> None:
+        llm = self.llm
+        ids = [llm.add_request(self.prompts[i % self.batch], self.params) for i in range(self.batch + self.queue)]
+        for _ in range(3):  # the prefills
+            llm.step()
+        steps = max(1, self.tokens - 4)
+        self.clock.seconds = 0.0
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            llm.step()
+        wall = time.perf_counter() - t0
+        self.runs.append((wall - self.clock.seconds, self.clock.seconds, steps))
+        for rid in ids:
+            llm.abort_request(rid)
+        while llm.has_unfinished_requests():
+            llm.step()
+
     def row(self) -> dict:
         host = statistics.median(r[0] / r[2] for r in self.runs)
         steps = self.runs[-1][2]
-        return {"policy": self.policy, "batch": self.batch, "steps": steps,
+        return {"policy": self.policy, "batch": self.batch, "queue": self.queue, "steps": steps,
                 "host_ms_per_step": 1e3 * host, "host_us_per_request_step": 1e6 * host / self.batch,
                 "device_work_ms_per_step": 1e3 * statistics.median(r[1] / r[2] for r in self.runs),
                 "host_ms_per_step_min": 1e3 * min(r[0] / r[2] for r in self.runs), "reps": len(self.runs)}
@@ -129,6 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default="none,k2,k4,goodput")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--tokens", type=int, default=64, help="max_tokens per request")
+    p.add_argument("--queue", type=int, default=0, help="requests waiting behind the batch (serving path)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -136,14 +161,15 @@ def main(argv=None) -> int:
         root = Path(tmp)
         make_tokenizer(root / "tok", VOCAB)
         make_tiny_model(root / "model", "qwen2", vocab_size=VOCAB, tokenizer_dir=root / "tok", seed=1)
-        cases = [Case(root / "model", policy, int(b), args.tokens)
+        cases = [Case(root / "model", policy, int(b), args.tokens, args.queue)
                  for b in args.batches.split(",") for policy in args.policies.split(",")]
         for _ in range(args.reps):
             for case in cases:
                 case.run()
     rows = [c.row() for c in cases]
     print("SYNTHETIC forwards (null; every draft accepted): the engine's host time per step, "
-          f"median of {args.reps} interleaved runs, {args.tokens} tokens per request")
+          f"median of {args.reps} interleaved runs, {args.tokens} tokens per request"
+          + (f"; serving path, {args.queue} requests waiting" if args.queue else ""))
     print(f"{'policy':8s} {'batch':>5s} {'steps':>5s} {'host ms/step':>12s} {'us/request-step':>15s} "
           f"{'min ms/step':>11s}")
     for r in rows:

@@ -26,3 +26,11 @@ def test_host_step_bench_reports_every_case(tmp_path):
         # 6 tokens: one per step without drafts; with k = 2 and every draft accepted, 3 per
         # step (the first step also prefills): 2 steps
         assert r["steps"] == (6 if r["policy"] == "none" else 2)
+
+
+def test_host_step_bench_serving_path_with_a_queue(tmp_path):
+    out = tmp_path / "host.json"
+    assert _load().main(["--batches", "2", "--policies", "none", "--reps", "1", "--tokens", "8", "--queue", "5",
+                         "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["queue"] == 5 and row["steps"] == 4 and row["host_ms_per_step"] > 0
