@@ -122,3 +122,29 @@ def test_a_queue_longer_than_the_batch(pair):
         assert sum((c.token_ids for c in chunks[ids[i]]), []) == reference[i].token_ids
         assert chunks[ids[i]][-1].finish_reason == "length"
     assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+
+
+def test_generate_after_online_requests_leaves_nothing_to_report(pair):
+    """Requests of generate and stream are never reported by step(), so the engine does not
+    keep their ids for it: after an online request ended, a generate adds nothing to
+    Engine.touched (it would grow with every request otherwise), and step() is []."""
+    target, draft, prompts, reference = pair
+    llm = make_llm(target, draft, "draft", 3)
+    rid = llm.add_request(prompts[0], greedy())
+    got = []
+    while llm.has_unfinished_requests():
+        got += [c for c in llm.step() if c.request_id == rid]
+    assert sum((c.token_ids for c in got), []) == reference[0].token_ids
+    outs = llm.generate(prompts[1:4], greedy())
+    assert [o.token_ids for o in outs] == [r.token_ids for r in reference[1:4]]
+    assert llm.engine.touched == set()
+    assert llm.step() == []
+    # an online request added while generate runs is still reported after it
+    rid = llm.add_request(prompts[0], greedy())
+    llm.generate(prompts[1:2], greedy())
+    assert llm.engine.touched == {rid}
+    got = []
+    while llm.has_unfinished_requests():
+        got += llm.step()
+    assert {c.request_id for c in got} == {rid}
+    assert sum((c.token_ids for c in got), []) == reference[0].token_ids

@@ -62,9 +62,9 @@ class Engine:
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
         self.steps = 0
-        # When a set: ids of the requests that steps scheduled or that ended (aborts) since the
-        # consumer last emptied it (LLM.step reports only those); None: not tracked.
-        self.touched: Optional[set[int]] = None
+        # Ids of online requests (Request.online) that steps scheduled or that ended (aborts)
+        # since the consumer last emptied it: LLM.step reports only those.
+        self.touched: set[int] = set()
         self._emitted = 0  # tokens emitted in the current step (observe_step)
         self.timings = EngineTimings()
         self.telemetry = {"k": [], "accepted": 0, "drafted": 0, "predicted": 0.0, "realised": 0,
@@ -91,7 +91,7 @@ class Engine:
     def abort(self, request: Request) -> None:
         self._release(request, finished=False)
         request.finish("abort")
-        if self.touched is not None:
+        if request.online:
             self.touched.add(request.id)
 
     def _release(self, request: Request, finished: bool) -> None:
@@ -121,8 +121,7 @@ class Engine:
         for it in items:
             if it.request.started is None:
                 it.request.started = now
-        if self.touched is not None:
-            self.touched.update(it.request.id for it in items)
+        self.touched.update(it.request.id for it in items if it.request.online)
         deciding = [it for it in items if it.decide]
         forward_s = 0.0
         trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))

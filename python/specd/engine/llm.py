@@ -353,8 +353,7 @@ class LLM:
         ``step()``. Requests may be added between any two steps. It is validated as in
         ``generate`` (``InvalidArgumentError``; nothing is queued then)."""
         req = self._requests(prompt, params)[0]
-        if self.engine.touched is None:  # step() reports the requests the engine touched
-            self.engine.touched = set()
+        req.online = True  # step() reports it when the engine touches it (Engine.touched)
         self.engine.add(req)
         self._online[req.id] = req
         return req.id
@@ -371,7 +370,7 @@ class LLM:
             self.engine.step()
         # Only requests that steps scheduled or that ended since the last call can have
         # something to report: a queue of waiting requests costs nothing here.
-        touched = self.engine.touched if self.engine.touched is not None else set()
+        touched = self.engine.touched
         ids = sorted(rid for rid in touched if rid in self._online)  # in the order they were added
         touched.clear()
         chunks = []

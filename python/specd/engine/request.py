@@ -86,6 +86,7 @@ class Request:
     started: Optional[float] = None
     finished_at: Optional[float] = None
     stream_sent: tuple[int, int] = (0, 0)  # (text chars, tokens) already streamed
+    online: bool = False  # added by LLM.add_request: its steps and end go to Engine.touched
     # Text (see ``text``): the first ``_decoded`` output tokens' text, and the first
     # ``_pieced`` tokens' pieces (``_pieced`` <= ``_decoded``).
     _text: str = field(default="", repr=False)
