@@ -98,6 +98,22 @@ def test_reset_refuses_requests_in_flight_and_takes_a_policy(pair):
         llm.reset("no-such-policy")
 
 
+def test_reset_does_not_look_the_policy_up_again(pair, monkeypatch):
+    """reset() keeps the configured policy's factory: finding a name means reading every
+    installed package's entry points (tens of milliseconds), which a benchmark resetting
+    between runs must not pay. A policy named in reset() is still looked up."""
+    from specd.engine import policies
+
+    target, draft = pair
+    llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens="auto"))
+    first = llm.engine.policy
+    monkeypatch.setattr(policies, "entry_points", lambda **_: pytest.fail("entry points read again"))
+    llm.reset()
+    assert type(llm.engine.policy) is type(first) and llm.engine.policy is not first
+    with pytest.raises(pytest.fail.Exception, match="read again"):
+        llm.reset("static")
+
+
 def test_capture_cuda_graphs_is_a_no_op_without_graphs(pair):
     target, draft = pair
     llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=2))

@@ -19,7 +19,7 @@ import torch
 from specd.engine.engine import Engine
 from specd.engine.outputs import RequestOutput, StreamChunk
 from specd.engine.params import SamplingParams, SpeculationConfig
-from specd.engine.policies import make_policy
+from specd.engine.policies import build_policy, make_policy, policy_factory
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
@@ -164,9 +164,14 @@ class LLM:
         if max_model_len is not None and not (isinstance(max_model_len, int) and 2 <= max_model_len <= limit):
             raise InvalidArgumentError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
         self.max_model_len = max_model_len or limit
-        if policy is None or isinstance(policy, str):
-            policy = make_policy(policy or speculation.policy, speculation)
         self.speculation = speculation
+        # The configured policy's factory, found once: reset() makes a fresh policy without
+        # looking its name up among the installed packages again.
+        self._policy_factory = None
+        if policy is None:
+            policy = self._configured_policy()
+        elif isinstance(policy, str):
+            policy = make_policy(policy, speculation)
         self.eos_ids = frozenset(tc.eos_token_ids)
         self._scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -195,14 +200,22 @@ class LLM:
 
         if self.engine.has_work:
             raise FailedPreconditionError("LLM.reset: requests are still in flight; finish or abort them first")
-        if policy is None or isinstance(policy, str):
-            policy = make_policy(policy or self.speculation.policy, self.speculation)
+        if policy is None:
+            policy = self._configured_policy()
+        elif isinstance(policy, str):
+            policy = make_policy(policy, self.speculation)
         engine = Engine(self.target, self.draft, self.pool, self.speculation, policy, self._scheduler_config,
                         timer=self._timer)
         engine.draft_graph, engine.target_graph = self.draft_graph, self.target_graph
         self.engine = engine
         self._next_id = 0
         self._online.clear()  # only ended requests can be left (their final chunks are dropped)
+
+    def _configured_policy(self) -> SpeculationPolicy:
+        """A new policy of the speculation config's ``policy``."""
+        if self._policy_factory is None:
+            self._policy_factory = policy_factory(self.speculation.policy)
+        return build_policy(self.speculation.policy, self._policy_factory, self.speculation)
 
     def capture_cuda_graphs(self, sampling: bool = False) -> dict:
         """Captures, now, every CUDA graph the graph runners would otherwise capture on first

@@ -53,7 +53,10 @@ def available_policies() -> dict[str, Callable[[SpeculationConfig], SpeculationP
     return found
 
 
-def make_policy(name: str, speculation: SpeculationConfig) -> SpeculationPolicy:
+def policy_factory(name: str) -> Callable[[SpeculationConfig], SpeculationPolicy]:
+    """The callable that makes policy ``name`` (a plugin's entry point loaded). Looking names
+    up reads every installed package's metadata (tens of milliseconds): a caller that makes
+    the same policy again (LLM.reset) keeps the factory."""
     found = available_policies()
     if name not in found:
         raise InvalidArgumentError(f"unknown speculation policy {name!r}; available: {sorted(found)}")
@@ -63,6 +66,12 @@ def make_policy(name: str, speculation: SpeculationConfig) -> SpeculationPolicy:
             factory = factory.load()
         except Exception as e:  # a broken plugin must not look like a specd bug
             raise InvalidArgumentError(f"speculation policy {name!r} could not be loaded: {e}") from e
+    return factory
+
+
+def build_policy(name: str, factory: Callable[[SpeculationConfig], SpeculationPolicy],
+                 speculation: SpeculationConfig) -> SpeculationPolicy:
+    """A new policy from ``policy_factory(name)``, checked to have the methods the engine calls."""
     policy = factory(speculation)
     for attr in ("decide", "observe", "observe_forward", "forget"):
         if not callable(getattr(policy, attr, None)):
@@ -70,3 +79,7 @@ def make_policy(name: str, speculation: SpeculationConfig) -> SpeculationPolicy:
     if not hasattr(policy, "methods"):
         policy.methods = speculation.methods
     return policy
+
+
+def make_policy(name: str, speculation: SpeculationConfig) -> SpeculationPolicy:
+    return build_policy(name, policy_factory(name), speculation)
