@@ -9,7 +9,7 @@ AcceptanceEstimator::AcceptanceEstimator(const AcceptanceEstimatorConfig& config
     : config_(config), num_proposers_(std::max(1, num_proposers)) {
   config_.max_depth = std::max(1, config_.max_depth);
   const auto d = static_cast<std::size_t>(config_.max_depth);
-  global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)});
+  global_.assign(static_cast<std::size_t>(num_proposers_), Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0), {}});
   tree_classes_.assign(static_cast<std::size_t>(num_proposers_), {});
   explored_.assign(static_cast<std::size_t>(num_proposers_), config_.exploration_trials <= 0.0);
   idle_steps_.assign(static_cast<std::size_t>(num_proposers_), 0);
@@ -60,7 +60,7 @@ std::vector<AcceptanceEstimator::Counts>& AcceptanceEstimator::request_counts(Re
   if (it == requests_.end()) {
     const auto d = static_cast<std::size_t>(config_.max_depth);
     it = requests_.emplace(id, std::vector<Counts>(static_cast<std::size_t>(num_proposers_),
-                                                   Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0)}))
+                                                   Counts{std::vector<double>(d, 0.0), std::vector<double>(d, 0.0), {}}))
              .first;
   }
   return it->second;

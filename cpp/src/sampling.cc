@@ -74,9 +74,14 @@ Status sampling_probs(Span<const float> logits, const SamplingParams& params, Sp
     return Status::Ok();
   }
   std::vector<double> p(logits.size());
-  for (std::size_t i = 0; i < logits.size(); ++i)
-    p[i] = detail::softmax_weight(logits[i], max_logit, params.temperature);
-  renormalize(&p);
+  const double inv_temperature = detail::inverse_temperature(params.temperature);
+  double total = 0;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    p[i] = detail::softmax_weight(logits[i], max_logit, inv_temperature);
+    total += p[i];
+  }
+  const double inv_total = 1.0 / total;  // the softmax normalizes by a product (the filters divide)
+  for (double& v : p) v = detail::exact_mul(v, inv_total);
   const bool filters = params.top_k > 0 || params.top_p < 1 || params.min_p > 0;
   if (filters) {
     std::vector<int32_t> ids = ranked(p);

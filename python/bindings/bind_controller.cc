@@ -157,7 +157,7 @@ void bind_controller(py::module_& m) {
                                     node_probs->size(), " entries for ", n, " requests"));
         std::vector<ControllerRequest> batch(n);
         for (std::size_t i = 0; i < n; ++i) {
-          batch[i] = ControllerRequest{ids[i], base_tokens[i], k_max[i], draft_catch_up[i], remaining_tokens[i]};
+          batch[i] = ControllerRequest{ids[i], base_tokens[i], k_max[i], draft_catch_up[i], remaining_tokens[i], {}};
           if (node_probs) batch[i].node_probs = Span<const std::vector<double>>((*node_probs)[i]);
         }
         std::vector<ControllerDecision> out;

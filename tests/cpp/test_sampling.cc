@@ -2,9 +2,11 @@
 // filters), argmax ties, inverse-CDF draws, validation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "block_manager_test_util.h"
+#include "specd/detail/sampling_rules.h"
 #include "specd/sampling.h"
 
 namespace specd::testing {
@@ -123,6 +125,36 @@ TEST(Sampling, InverseCdfDraw) {
   EXPECT_EQ(sample_from_weights(w, 1.0, 0.9999999), 4);
   EXPECT_EQ(sample_from_weights(w, 2.0, 0.9999999), 4);  // total too large: last positive
   EXPECT_EQ(sample_from_weights(std::vector<double>{0, 0, 3}, 3.0, 0.5), 2);
+}
+
+}  // namespace
+}  // namespace specd::testing
+
+namespace specd::testing {
+namespace {
+
+// The softmax weight's exponential (detail/sampling_rules.h): close to exp over its whole
+// range, 1 at 0, 0 below the cutoff and for -inf, never above 1, and monotone.
+TEST(Sampling, SoftmaxExponentialIsCloseToExp) {
+  double worst = 0, previous = 1.0;
+  for (int64_t i = 0; i <= 2000000; ++i) {
+    const double x = -700.0 * static_cast<double>(i) / 2000000.0;
+    const double got = detail::exp_nonpositive(x);
+    const double want = std::exp(x);
+    worst = std::max(worst, std::fabs(got - want) / want);
+    ASSERT_LE(got, previous) << "not monotone at x = " << x;
+    previous = got;
+  }
+  EXPECT_LT(worst, 2e-7);
+  EXPECT_EQ(detail::exp_nonpositive(0.0), 1.0);
+  EXPECT_EQ(detail::exp_nonpositive(-700.5), 0.0);
+  EXPECT_EQ(detail::exp_nonpositive(-INFINITY), 0.0);
+  EXPECT_EQ(detail::exp_nonpositive(std::nan("")), 0.0);
+  // Near 0 (where the probable tokens are) the polynomial alone decides: a few float ulps.
+  for (double x = -1e-3; x < 0; x += 1e-6) ASSERT_NEAR(detail::exp_nonpositive(x), std::exp(x), 3e-7);
+  // The weights of a row: the largest logit weighs exactly 1, -inf exactly 0.
+  EXPECT_EQ(detail::softmax_weight(3.5f, 3.5, detail::inverse_temperature(0.7)), 1.0);
+  EXPECT_EQ(detail::softmax_weight(-INFINITY, 3.5, detail::inverse_temperature(0.7)), 0.0);
 }
 
 }  // namespace

@@ -33,8 +33,9 @@ struct RowPlan {
   bool greedy;
   int32_t argmax;       // lowest id among the largest logits
   double max_logit;
-  double temperature;
+  double inv_temperature;  // inverse_temperature(params.temperature)
   double total;         // sum of softmax weights
+  double inv_total;     // 1 / total: softmax probabilities are weight * inv_total
   bool top_k_on;        // top_k cut some tokens (then renormalized by top_k_total)
   uint64_t top_k_key;
   int32_t top_k_id;
@@ -51,7 +52,7 @@ struct RowPlan {
 
 // Probability of token i after softmax, before filters.
 SPECD_HOST_DEVICE inline double softmax_prob(const RowPlan& plan, float logit) {
-  return softmax_weight(logit, plan.max_logit, plan.temperature) / plan.total;
+  return exact_mul(softmax_weight(logit, plan.max_logit, plan.inv_temperature), plan.inv_total);
 }
 
 // The filters of the plan applied to token i of softmax probability p (the filters that are
@@ -102,11 +103,12 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
     plan->greedy = true;
     return SampleStatus::kOk;
   }
-  plan->temperature = params.temperature;
+  plan->inv_temperature = inverse_temperature(params.temperature);
   double total = 0;
   for_each_strided(b, vocab, load,
-                   [&](int32_t, float l) { total += softmax_weight(l, plan->max_logit, plan->temperature); });
+                   [&](int32_t, float l) { total += softmax_weight(l, plan->max_logit, plan->inv_temperature); });
   plan->total = b.sum(total);
+  plan->inv_total = 1.0 / plan->total;
   if (!has_filters(params)) return SampleStatus::kOk;
 
   // The sum over the row of filtered_prob with the plan as it stands.
