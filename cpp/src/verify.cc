@@ -61,13 +61,14 @@ class LazyDistribution {
                               " at token ", i, " (probabilities must be finite and >= 0)");
     }
     if (!(total_ > 0)) return error_status(StatusCode::kInvalidArgument, which, " row ", r, " sums to 0");
+    inv_total_ = 1.0 / total_;
     return Status::Ok();
   }
-  double prob(std::size_t x) const { return materialized_ ? p_[x] : static_cast<double>(row_[x]) / total_; }
+  double prob(std::size_t x) const { return materialized_ ? p_[x] : static_cast<double>(row_[x]) * inv_total_; }
   std::vector<double>& materialize() {
     if (!materialized_) {
       p_.resize(static_cast<std::size_t>(vocab_));
-      for (int32_t i = 0; i < vocab_; ++i) p_[static_cast<std::size_t>(i)] = static_cast<double>(row_[i]) / total_;
+      for (int32_t i = 0; i < vocab_; ++i) p_[static_cast<std::size_t>(i)] = static_cast<double>(row_[i]) * inv_total_;
       materialized_ = true;
     }
     return p_;
@@ -77,16 +78,19 @@ class LazyDistribution {
   const float* row_ = nullptr;
   int32_t vocab_ = 0;
   double total_ = 0;
+  double inv_total_ = 0;  // normalizing is a product (verify.h)
   bool materialized_ = false;
   std::vector<double> p_;
 };
 
-// Divides by the sum when it is positive; returns false (leaving p as is) when it is 0.
+// Normalizes by the sum (v * (1 / sum), verify.h) when it is positive; returns false (leaving
+// p as is) when it is 0.
 bool normalize(std::vector<double>* p) {
   double total = 0;
   for (double v : *p) total += v;
   if (!(total > 0)) return false;
-  for (double& v : *p) v /= total;
+  const double inv = 1.0 / total;
+  for (double& v : *p) v = v * inv;
   return true;
 }
 

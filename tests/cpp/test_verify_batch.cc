@@ -22,29 +22,32 @@ namespace {
 // verify.cc's residual updates on whole vectors, for comparison.
 void reference_residuals(std::vector<double>* p, std::vector<double>* q, const std::vector<int32_t>& rejected,
                          bool has_draft, bool without_replacement, std::vector<detail::Rejection>* totals) {
+  // Normalizing by a sum s is v * (1 / s) (verify.h).
+  const auto scale = [](std::vector<double>* v, double total) {
+    const double inv = 1.0 / total;
+    for (double& x : *v) x = x * inv;
+  };
   for (int32_t x : rejected) {
-    detail::Rejection r{x, 0, 0};
+    double p_total = 0, q_total = 0;
     if (has_draft) {
       std::vector<double> residual(p->size());
       for (std::size_t i = 0; i < p->size(); ++i) residual[i] = std::max(0.0, (*p)[i] - (*q)[i]);
-      for (double v : residual) r.p_total += v;
-      if (r.p_total > 0) {
-        for (double& v : residual) v /= r.p_total;
+      for (double v : residual) p_total += v;
+      if (p_total > 0) {
+        scale(&residual, p_total);
         p->swap(residual);
       }
       if (without_replacement) {
         (*q)[static_cast<std::size_t>(x)] = 0;
-        for (double v : *q) r.q_total += v;
-        if (r.q_total > 0)
-          for (double& v : *q) v /= r.q_total;
+        for (double v : *q) q_total += v;
+        if (q_total > 0) scale(q, q_total);
       }
     } else {
       (*p)[static_cast<std::size_t>(x)] = 0;
-      for (double v : *p) r.p_total += v;
-      if (r.p_total > 0)
-        for (double& v : *p) v /= r.p_total;
+      for (double v : *p) p_total += v;
+      if (p_total > 0) scale(p, p_total);
     }
-    totals->push_back(r);
+    totals->push_back(detail::make_rejection(x, p_total, q_total));
   }
 }
 

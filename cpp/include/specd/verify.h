@@ -35,6 +35,8 @@
 //
 // Row validation: rows that are read must be finite with non-negative values and a positive
 // sum (probability rows need not be normalized; they are normalized in double).
+// Normalizing v by its sum s is v * (1 / s) (one division per row, not per entry), here, in
+// the batched CPU versions and in the CUDA kernels alike.
 #pragma once
 
 #include <cstdint>

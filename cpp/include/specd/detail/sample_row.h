@@ -171,7 +171,7 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
     *token = plan.argmax;
     return SampleStatus::kOk;
   }
-  // sample_token: p = float probs / their sum; draw target = u * sum(p).
+  // sample_token: p = float probs * (1 / their sum); draw target = u * sum(p).
   const auto float_prob_of = [&](int32_t i, float l) {
     return static_cast<double>(static_cast<float>(row_prob(plan, i, l)));
   };
@@ -180,9 +180,11 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
   for_each_strided(b, vocab, load, [&](int32_t i, float l) { local += float_prob_of(i, l); });
   const double float_total = b.sum(local);
   if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
-  const auto normalized = [&](int32_t i) { return float_prob(i) / float_total; };
+  const double inv_float_total = 1.0 / float_total;
+  const auto normalized = [&](int32_t i) { return exact_mul(float_prob(i), inv_float_total); };
   local = 0;
-  for_each_strided(b, vocab, load, [&](int32_t i, float l) { local += float_prob_of(i, l) / float_total; });
+  for_each_strided(b, vocab, load,
+                   [&](int32_t i, float l) { local += exact_mul(float_prob_of(i, l), inv_float_total); });
   const double total = b.sum(local);
   const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
   *token = draw_inverse_cdf(b, vocab, normalized, u * total);

@@ -22,33 +22,41 @@
 namespace specd::detail {
 
 // A rejected sibling at the current node: its token and the totals that normalized the
-// residual target (p_total) and, without replacement, the reduced draft (q_total).
+// residual target (p_total) and, without replacement, the reduced draft (q_total), with their
+// inverses (normalizing is a product, verify.h; 0 where the total is 0).
 struct Rejection {
   int32_t token;
   double p_total;
   double q_total;
+  double p_inv;
+  double q_inv;
 };
+SPECD_HOST_DEVICE inline Rejection make_rejection(int32_t token, double p_total, double q_total) {
+  return Rejection{token, p_total, q_total, p_total > 0 ? 1.0 / p_total : 0.0, q_total > 0 ? 1.0 / q_total : 0.0};
+}
 
 // The target (p) and draft (q) probabilities of token i after the first j siblings were
-// rejected, from p0 = row_p[i] / sum(row_p) and q0 likewise (verify.cc's updates, in order):
-// - with draft rows: p <- max(0, p - q) / p_total (unchanged when p_total == 0); without
-//   replacement also q <- (i == token ? 0 : q) / q_total (not divided when q_total == 0);
-// - without draft rows: p <- (i == token ? 0 : p) / p_total (not divided when 0).
+// rejected, from p0 = row_p[i] * (1 / sum(row_p)) and q0 likewise (verify.cc's updates, in
+// order):
+// - with draft rows: p <- max(0, p - q) * (1 / p_total) (unchanged when p_total == 0);
+//   without replacement also q <- (i == token ? 0 : q) * (1 / q_total) (not scaled when
+//   q_total == 0);
+// - without draft rows: p <- (i == token ? 0 : p) * (1 / p_total) (not scaled when 0).
 SPECD_HOST_DEVICE inline void residual_probs(double p0, double q0, int32_t i, const Rejection* rejected, int32_t j,
                                              bool has_draft, bool without_replacement, double* p, double* q) {
   double pv = p0, qv = q0;
   for (int32_t k = 0; k < j; ++k) {
     const Rejection& r = rejected[k];
     if (has_draft) {
-      const double residual = pv - qv > 0 ? pv - qv : 0.0;
-      if (r.p_total > 0) pv = residual / r.p_total;
+      const double residual = pv - qv > 0 ? exact_sub(pv, qv) : 0.0;
+      if (r.p_total > 0) pv = exact_mul(residual, r.p_inv);
       if (without_replacement) {
         const double zeroed = i == r.token ? 0.0 : qv;
-        qv = r.q_total > 0 ? zeroed / r.q_total : zeroed;
+        qv = r.q_total > 0 ? exact_mul(zeroed, r.q_inv) : zeroed;
       }
     } else {
       const double zeroed = i == r.token ? 0.0 : pv;
-      pv = r.p_total > 0 ? zeroed / r.p_total : zeroed;
+      pv = r.p_total > 0 ? exact_mul(zeroed, r.p_inv) : zeroed;
     }
   }
   *p = pv;
@@ -253,9 +261,10 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       }
     }
     // p and q of token i after j rejections at this node, from its row entries.
+    const double p_inv = 1.0 / p_total, q_inv = 1.0 / q_total;
     const auto probs_of = [&](int32_t i, const ProbPair& v, int32_t j, double* p, double* q) {
-      const double p0 = static_cast<double>(v.p) / p_total;
-      const double q0 = has_draft && q_row != nullptr ? static_cast<double>(v.q) / q_total : 0.0;
+      const double p0 = exact_mul(static_cast<double>(v.p), p_inv);
+      const double q0 = has_draft && q_row != nullptr ? exact_mul(static_cast<double>(v.q), q_inv) : 0.0;
       residual_probs(p0, q0, i, rejected, j, has_draft, without_replacement, p, q);
     };
     const auto load = [&](int32_t i) { return ProbPair{p_row[i], q_row != nullptr ? q_row[i] : 0.0f}; };
@@ -286,7 +295,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       });
       p_sum = b.sum(p_sum);
       q_sum = b.sum(q_sum);
-      if (b.rank() == 0) rejected[j] = Rejection{x, p_sum, q_sum};
+      if (b.rank() == 0) rejected[j] = make_rejection(x, p_sum, q_sum);
       b.sync();  // rejected[j] visible to all before sibling j + 1
     }
     if (accepted >= 0) {
