@@ -10,11 +10,13 @@
 namespace specd {
 namespace {
 
-// Divides p by its sum (callers guarantee a positive sum).
+// Normalizes p by its sum, as a product with the sum's inverse (sampling.h; callers
+// guarantee a positive sum).
 void renormalize(std::vector<double>* p) {
   double total = 0;
   for (double v : *p) total += v;
-  for (double& v : *p) v /= total;
+  const double inv = 1.0 / total;
+  for (double& v : *p) v = detail::exact_mul(v, inv);
 }
 
 // Token ids ordered by (probability desc, id asc), only those with p > 0.
@@ -75,13 +77,9 @@ Status sampling_probs(Span<const float> logits, const SamplingParams& params, Sp
   }
   std::vector<double> p(logits.size());
   const double inv_temperature = detail::inverse_temperature(params.temperature);
-  double total = 0;
-  for (std::size_t i = 0; i < logits.size(); ++i) {
+  for (std::size_t i = 0; i < logits.size(); ++i)
     p[i] = detail::softmax_weight(logits[i], max_logit, inv_temperature);
-    total += p[i];
-  }
-  const double inv_total = 1.0 / total;  // the softmax normalizes by a product (the filters divide)
-  for (double& v : p) v = detail::exact_mul(v, inv_total);
+  renormalize(&p);
   const bool filters = params.top_k > 0 || params.top_p < 1 || params.min_p > 0;
   if (filters) {
     std::vector<int32_t> ids = ranked(p);

@@ -9,7 +9,8 @@
 //   the previous (the softmax as detail/sampling_rules.h computes it: weights
 //   w_i = exp((l_i - max) * (1 / temperature)) by a float polynomial that gives the same
 //   bits on the host and the device, within 1.1e-7 of exp, relative; p_i = w_i * (1 /
-//   sum of w), the sum in double):
+//   sum of w), the sum in double; every renormalization below is likewise a product with
+//   the inverse of the sum):
 //   1. top_k > 0: keep the top_k most probable tokens (ties at the boundary: lower id first);
 //   2. top_p < 1: order tokens by (probability desc, id asc) and keep the shortest prefix
 //      whose probability mass is >= top_p (at least one token); the mass is summed in 2^-62

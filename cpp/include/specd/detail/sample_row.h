@@ -36,18 +36,18 @@ struct RowPlan {
   double inv_temperature;  // inverse_temperature(params.temperature)
   double total;         // sum of softmax weights
   double inv_total;     // 1 / total: softmax probabilities are weight * inv_total
-  bool top_k_on;        // top_k cut some tokens (then renormalized by top_k_total)
+  bool top_k_on;        // top_k cut some tokens (then renormalized: times top_k_inv)
   uint64_t top_k_key;
   int32_t top_k_id;
-  double top_k_total;
-  bool top_p_on;        // top_p < 1 (always renormalized by top_p_total)
+  double top_k_inv;     // 1 / the sum of the kept probabilities
+  bool top_p_on;        // top_p < 1 (always renormalized: times top_p_inv)
   bool top_p_cut;       // the top-p mass was reached (else every ranked token is kept)
   uint64_t top_p_key;
   int32_t top_p_id;
-  double top_p_total;
+  double top_p_inv;
   bool min_p_on;
   double min_p_floor;
-  double min_p_total;
+  double min_p_inv;
 };
 
 // Probability of token i after softmax, before filters.
@@ -63,15 +63,15 @@ SPECD_HOST_DEVICE inline double filtered_prob(const RowPlan& plan, int32_t i, do
   double q = p;
   if (plan.top_k_on) {
     if (!(p > 0 && ranks_at_or_above(key, i, plan.top_k_key, plan.top_k_id))) return 0.0;
-    q = q / plan.top_k_total;
+    q = exact_mul(q, plan.top_k_inv);
   }
   if (plan.top_p_on) {
     if (!(p > 0) || (plan.top_p_cut && !ranks_at_or_above(key, i, plan.top_p_key, plan.top_p_id))) return 0.0;
-    q = q / plan.top_p_total;
+    q = exact_mul(q, plan.top_p_inv);
   }
   if (plan.min_p_on) {
     if (!(q >= plan.min_p_floor)) return 0.0;
-    q = q / plan.min_p_total;
+    q = exact_mul(q, plan.min_p_inv);
   }
   return q;
 }
@@ -126,8 +126,8 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
       plan->top_k_on = true;
       plan->top_k_key = cut.key;
       plan->top_k_id = cut.id;
-      plan->top_k_total = 1.0;
-      plan->top_k_total = stage_total();
+      plan->top_k_inv = 1.0;
+      plan->top_k_inv = 1.0 / stage_total();
     }
   }
   if (params.top_p < 1) {
@@ -142,8 +142,8 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
     plan->top_p_cut = cut.found;
     plan->top_p_key = cut.key;
     plan->top_p_id = cut.id;
-    plan->top_p_total = 1.0;
-    plan->top_p_total = stage_total();
+    plan->top_p_inv = 1.0;
+    plan->top_p_inv = 1.0 / stage_total();
   }
   if (params.min_p > 0) {
     double top = 0;  // the largest probability so far: that of the top-ranked token
@@ -153,8 +153,8 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
     });
     plan->min_p_floor = params.min_p * b.max(top);
     plan->min_p_on = true;
-    plan->min_p_total = 1.0;
-    plan->min_p_total = stage_total();
+    plan->min_p_inv = 1.0;
+    plan->min_p_inv = 1.0 / stage_total();
   }
   return SampleStatus::kOk;
 }
