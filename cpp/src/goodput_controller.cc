@@ -159,13 +159,16 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     return r.base_tokens == 1 && r.draft_catch_up <= 1;
   });
 
+  // The backlog's throughput (header): under a backlog the draft model may be ruled out.
+  const bool draft_ok = draft_serves_backlog(all, price);
   Allocation plan;
-  if (typical && price >= steady.goodput) {
+  if (typical && draft_ok && price >= steady.goodput) {
     plan = std::move(steady);
-  } else if (typical) {
+  } else if (typical && draft_ok) {
     SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(price, static_cast<int64_t>(n)), &plan));
   } else {
-    const std::vector<bool> invest = worth_catching_up(batch, all, steady);
+    // Requests may use the draft model where their catch-up pays (rule 4) and the backlog allows.
+    const std::vector<bool> invest = draft_ok ? worth_catching_up(batch, all, steady) : std::vector<bool>(n, false);
     StepProblem step;
     step.draft_width = config_.draft_tree_width;
     for (std::size_t i = 0; i < n; ++i) {
@@ -206,6 +209,42 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     if (std::none_of(decisions_out->begin(), decisions_out->end(), [p](const ControllerDecision& x) { return x.proposer == p; }))
       SPECD_RETURN_IF_ERROR(estimator_.idle_global(p, speculating));
   return Status::Ok();
+}
+
+bool GoodputController::draft_serves_backlog(Span<const Gains> all, double price) const {
+  const std::optional<double> prompt = load_.prompt_tokens();
+  if (!uses_draft() || waiting_ == 0 || !prompt || !target_.has_data() || all.empty()) return true;
+  const auto p = static_cast<int64_t>(std::llround(*prompt));
+  if (p <= 0) return true;
+  const auto n = static_cast<int64_t>(all.size());
+  const double per_request = load_.request_tokens();
+  // One admitted prompt's prefill beside the batch's tokens: the target's, and the draft's.
+  const double a_target = std::max(0.0, target_.predict(n + p) - target_.predict(n));
+  const double a_draft = std::max(0.0, draft_view_.predict(n + p) - draft_view_.predict(n));
+  const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
+  // The typical step's plan at the price, with or without the draft model: its steady-state
+  // throughput with the admissions its tokens bring (header), and whether it drafts at all.
+  const auto serve = [&](bool with_draft, bool* drafts) {
+    std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
+    allowed[static_cast<std::size_t>(draft_proposer_)] = with_draft;
+    StepProblem step;
+    step.draft_width = config_.draft_tree_width;
+    for (const Gains& g : all) step.add(1, g, config_.proposer_uses_draft, in_sync, allowed);
+    Allocation plan;
+    *drafts = false;
+    if (!optimize_goodput(step.finish(), costs(price, n), &plan).ok() || !(plan.expected_seconds > 0)) return 0.0;
+    double drafted = 0.0;  // tokens of the requests that draft with the draft model
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (plan.k[i] > 0 && plan.option[i] == draft_proposer_)
+        drafted += 1.0 + sum_first(all[i][static_cast<std::size_t>(draft_proposer_)], plan.k[i]);
+    *drafts = drafted > 0;
+    const double e = plan.expected_tokens;
+    const double share = e > 0 ? drafted / e : 0.0;
+    return e / (plan.expected_seconds + e / per_request * (a_target + share * a_draft));
+  };
+  bool drafts = false, none = false;
+  const double with = serve(true, &drafts);
+  return !drafts || with > serve(false, &none);
 }
 
 std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequest> batch,

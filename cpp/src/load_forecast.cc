@@ -39,13 +39,17 @@ std::optional<double> LoadForecast::rate(double step_seconds) const {
   return static_cast<double>(arrivals_.size()) / std::max({clock_ - arrivals_.front(), step_seconds, 1e-9});
 }
 
+double LoadForecast::request_tokens() const {
+  return std::max(1.0, finished_ >= kMinFinished ? *generated_tokens_ : arrival_tokens_.value_or(1.0));
+}
+
 int32_t LoadForecast::batch(int32_t current, const CostModel& target) const {
   current = std::max(current, 1);
   const int32_t limit = max_batch_ > 0 ? max_batch_ : current;
   if (waiting_ > 0) return limit;
   const std::optional<double> lambda = rate(target.predict(current));
   if (!lambda || !target.has_data()) return current;
-  const double tokens = finished_ >= kMinFinished ? *generated_tokens_ : arrival_tokens_.value_or(1.0);
+  const double tokens = request_tokens();
   const auto prompt = static_cast<int64_t>(prompt_tokens_.value_or(0.0));
   double n = current;
   for (int iter = 0; iter < 32; ++iter) {
@@ -53,7 +57,7 @@ int32_t LoadForecast::batch(int32_t current, const CostModel& target) const {
     const double prefill = std::max(0.0, target.predict(base + prompt) - target.predict(base));
     const double busy = *lambda * prefill;
     if (busy >= 1.0) return limit;
-    const double next = std::min<double>(limit, *lambda * std::max(tokens, 1.0) * target.predict(base) / (1.0 - busy));
+    const double next = std::min<double>(limit, *lambda * tokens * target.predict(base) / (1.0 - busy));
     const bool settled = std::abs(next - n) < 0.5;
     n = next;
     if (settled) break;

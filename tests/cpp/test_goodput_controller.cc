@@ -390,6 +390,43 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   SPECD_EXPECT_CODE(never_forgets.decide(batch, &d), kInvalidArgument);
 }
 
+TEST(GoodputController, TheDraftModelIsRuledOutWhereItSlowsTheBacklog) {
+  // 64 requests decode while 128 wait; each arrival brings a 200-token prompt and generates
+  // 64 tokens. The target takes 2.4 ms + 10 us per token, a prompt beside the batch 2 ms.
+  // A draft of 1.3 ms + 4 us per token at acceptance 0.8 pays in the decode-only step
+  // (drafting k = 2 emits 156 tokens in 8.5 ms, plain 64 in 3.8 ms), and more so at the
+  // backlog's low price of time (prefill-heavy steps: 64 tokens per 12 ms). But the draft
+  // must also prefill every prompt it admits: with the admissions its tokens bring, plain
+  // decoding serves the backlog faster (11.0 tokens per ms against about 10), so nobody
+  // drafts. Without the queue it drafts; a draft 6x cheaper at acceptance 0.9 keeps
+  // drafting under the backlog.
+  for (const bool cheap : {false, true}) {
+    for (const bool queued : {true, false}) {
+      GoodputController c(unexplored_config({true}, 8));
+      const double draft_base = cheap ? 0.0002 : 0.0013, draft_token = cheap ? 0.0000007 : 0.000004;
+      for (int rep = 0; rep < 3; ++rep)
+        for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}) {
+          SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.0024 + 0.00001 * static_cast<double>(n)));
+          SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, draft_base + draft_token * static_cast<double>(n)));
+        }
+      c.observe_overhead(0.0008);
+      std::vector<int32_t> warm;
+      run_steps(&c, decode_batch(1, 8, 1, 1000), cheap ? 0.9 : 0.8, 20, &warm);  // the acceptance
+      c.observe_load(queued ? 128 : 0, 64);
+      std::vector<ControllerDecision> d;
+      std::vector<ControllerRequest> arriving;  // the batch's prompts: what the forecast averages
+      for (RequestId id = 0; id < 64; ++id) arriving.push_back(ControllerRequest{id, 200, 8, 200, 64});
+      SPECD_ASSERT_OK(c.decide(arriving, &d));
+      for (RequestId id = 2000; id < 2064; ++id) c.forget(id, 64);  // G_run is trusted from here
+      for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_step(64, 0.012, queued ? 128 : 0));
+      SPECD_ASSERT_OK(c.decide(decode_batch(64, 8), &d));
+      int drafting = 0;
+      for (const ControllerDecision& x : d) drafting += x.k > 0 ? 1 : 0;
+      EXPECT_EQ(drafting, cheap || !queued ? 64 : 0) << "cheap " << cheap << " queued " << queued;
+    }
+  }
+}
+
 // Draft-model trees (draft_tree_width > 1) are sized after the draft grew them: the draft's
 // most probable path gets the chain's gains (the learned per-depth acceptance), other nodes a
 // share scaled by the draft's confidence relative to their best sibling; the nodes that pay

@@ -79,6 +79,21 @@
 //    and lies far below the rate the backlog will be served at (on the H100-profile sweep
 //    at 553 requests/s it was a fifth of it 14 steps in, and the drafts it bought lowered
 //    throughput by 14%). Until then the price is G*.
+// The backlog's throughput (the draft model under a backlog): the price above weighs a
+//    step's own tokens and time, but a drafting engine also makes the draft model prefill
+//    every prompt it admits (its catch-up), and under a backlog tokens emitted sooner only
+//    admit the next requests sooner: each emitted token brings P / R prompt tokens of
+//    admission work (P prompt tokens per arrival, R tokens per request: LoadForecast).
+//    So while requests wait, the typical step's plan at the price (3) is compared with
+//    the best plan without the draft model in steady-state throughput, admissions included:
+//    E / (T + E / R (a_target + s a_draft)), with a_target and a_draft the target's and the
+//    draft's time for one prompt beside the batch and s the share of the plan's tokens that
+//    drafting requests emit; if the plan without the draft model serves the backlog faster,
+//    no request may use the draft model in this step. (On the H100-profile sweep at 620
+//    requests/s, traces recorded in bfloat16: goodput drafted k = 3-6 for 64 requests while
+//    128 waited, the draft's catch-ups over the admitted prompts cost more than the drafts
+//    saved, and its latency was 1.184x that of plain decoding.) Model-free proposers have
+//    no admission cost of their own and are not restricted.
 // Feedback: observe() after each verification, observe_forward() after each forward,
 // observe_overhead() and observe_step() once per step, observe_load() before decide(),
 // forget() at the end of a request.
@@ -219,6 +234,8 @@ class GoodputController {
   // explore: the estimator's exploration applies (rule 2).
   std::vector<std::vector<double>> gains(RequestId id, int32_t cap, bool explore,
                                          Span<const std::vector<double>> node_probs = {}) const;
+  // The backlog's throughput rule: whether the draft model may be used in this step.
+  bool draft_serves_backlog(Span<const std::vector<std::vector<double>>> gains, double price) const;
   std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
                                       const std::vector<std::vector<std::vector<double>>>& gains,
                                       const Allocation& steady) const;

@@ -52,6 +52,11 @@ class LoadForecast {
   int32_t batch(int32_t current, const CostModel& target) const;
 
   double clock() const { return clock_; }
+  // The averages batch() uses: prompt tokens per arrival (nullopt before any arrival) and
+  // tokens generated per request (measured once kMinFinished requests finished, before that
+  // what arrivals may generate; 1 before any arrival).
+  std::optional<double> prompt_tokens() const { return prompt_tokens_; }
+  double request_tokens() const;
 
  private:
   double clock_ = 0.0;
