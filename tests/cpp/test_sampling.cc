@@ -155,6 +155,10 @@ TEST(Sampling, SoftmaxExponentialIsCloseToExp) {
   // The weights of a row: the largest logit weighs exactly 1, -inf exactly 0.
   EXPECT_EQ(detail::softmax_weight(3.5f, 3.5, detail::inverse_temperature(0.7)), 1.0);
   EXPECT_EQ(detail::softmax_weight(-INFINITY, 3.5, detail::inverse_temperature(0.7)), 0.0);
+  // A subnormal temperature (valid: finite and > 0) overflows 1 / temperature: still the argmax.
+  SamplingParams tiny;
+  tiny.temperature = 1e-310;
+  expect_probs(probs_of(four(), tiny), {1, 0, 0, 0});
 }
 
 }  // namespace

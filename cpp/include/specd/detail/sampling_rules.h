@@ -109,7 +109,9 @@ SPECD_HOST_DEVICE inline double inverse_temperature(double temperature) { return
 // exp_nonpositive((logit - max_logit) * inv_temperature) (inv_temperature from
 // inverse_temperature): in [0, 1], 1 for the largest logit, 0 for -inf.
 SPECD_HOST_DEVICE inline double softmax_weight(float logit, double max_logit, double inv_temperature) {
-  return exp_nonpositive(exact_mul(exact_sub(static_cast<double>(logit), max_logit), inv_temperature));
+  const double below = exact_sub(static_cast<double>(logit), max_logit);
+  // The largest logit weighs 1 even where 1 / temperature overflows (a subnormal temperature).
+  return below == 0.0 ? 1.0 : exp_nonpositive(exact_mul(below, inv_temperature));
 }
 
 // The best (value, index) pair: larger value, then lower index (the argmax rule). Values
