@@ -38,40 +38,25 @@ SPECD_HOST_DEVICE inline bool is_bad_logit(float x) { return x != x || x > FLT_M
 // (nvcc would otherwise contract a * b + c into one fma); on the host the build compiles C++
 // with -ffp-contract=off (CMakeLists.txt), and x86-64 and aarch64 evaluate float and double
 // in their own precision.
-SPECD_HOST_DEVICE inline double exact_sub(double a, double b) {
 #if defined(__CUDA_ARCH__)
-  return __dsub_rn(a, b);
+SPECD_HOST_DEVICE inline double exact_sub(double a, double b) { return __dsub_rn(a, b); }
+SPECD_HOST_DEVICE inline double exact_mul(double a, double b) { return __dmul_rn(a, b); }
+SPECD_HOST_DEVICE inline float exact_mulf(float a, float b) { return __fmul_rn(a, b); }
+SPECD_HOST_DEVICE inline float exact_addf(float a, float b) { return __fadd_rn(a, b); }
+SPECD_HOST_DEVICE inline double round_to_integer(double x) { return rint(x); }
 #else
-  return a - b;
+SPECD_HOST_DEVICE inline double exact_sub(double a, double b) { return a - b; }
+SPECD_HOST_DEVICE inline double exact_mul(double a, double b) { return a * b; }
+SPECD_HOST_DEVICE inline float exact_mulf(float a, float b) { return a * b; }
+SPECD_HOST_DEVICE inline float exact_addf(float a, float b) { return a + b; }
+SPECD_HOST_DEVICE inline double round_to_integer(double x) { return std::rint(x); }
 #endif
-}
-SPECD_HOST_DEVICE inline double exact_mul(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-SPECD_HOST_DEVICE inline float exact_mulf(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-SPECD_HOST_DEVICE inline float exact_addf(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
 
 // exp(x) for x <= 0, the same bits on the host and the device, with one double-precision
 // multiply-add's worth of work in double and the rest in float (the device's double units
 // are what bounded the sampling kernels):
 // - x < kExpCutoff (e^-700, about 1e-304; -inf included) gives 0;
-// - n = rint(x log2 e); r = x - n ln2_hi, exactly: ln2_hi is ln 2 to 40 bits, so n ln2_hi
+// - n = round_to_integer(x log2 e); r = x - n ln2_hi, exactly: ln2_hi is ln 2 to 40 bits, so n ln2_hi
 //   (|n| <= 1010) is exact and r has the error of ln2_hi alone, under 1e-9 relative in
 //   the result;
 // - e^r for |r| <= 0.35 by its Taylor polynomial of degree 7 in float (Horner, truncation
@@ -83,11 +68,7 @@ inline constexpr double kLog2E = 1.4426950408889634;
 inline constexpr double kLn2Hi = 0x1.62e42fefa2p-1;  // ln 2 to 40 bits (below it by 7.4e-13): n * it is exact
 SPECD_HOST_DEVICE inline double exp_nonpositive(double x) {
   if (!(x >= kExpCutoff)) return 0.0;
-#if defined(__CUDA_ARCH__)
-  const double n = rint(exact_mul(x, kLog2E));
-#else
-  const double n = std::rint(exact_mul(x, kLog2E));
-#endif
+  const double n = round_to_integer(exact_mul(x, kLog2E));
   const float r = static_cast<float>(exact_sub(x, exact_mul(n, kLn2Hi)));
   float p = 1.0f / 5040.0f;
   p = exact_addf(exact_mulf(p, r), 1.0f / 720.0f);
