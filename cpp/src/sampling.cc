@@ -19,21 +19,59 @@ void renormalize(std::vector<double>* p) {
   for (double& v : *p) v = detail::exact_mul(v, inv);
 }
 
-// Token ids ordered by (probability desc, id asc), only those with p > 0.
-std::vector<int32_t> ranked(const std::vector<double>& p) {
-  std::vector<int32_t> ids;
-  ids.reserve(p.size());
-  for (std::size_t i = 0; i < p.size(); ++i)
-    if (p[i] > 0) ids.push_back(static_cast<int32_t>(i));
-  std::sort(ids.begin(), ids.end(), [&p](int32_t a, int32_t b) {
-    const double pa = p[static_cast<std::size_t>(a)], pb = p[static_cast<std::size_t>(b)];
-    return pa != pb ? pa > pb : a < b;
-  });
-  return ids;
-}
+// Token ids with p > 0 in ranking order (probability desc, id asc), ranked lazily: only a
+// prefix is ordered, and ensure(m) extends it to the first m by a selection of the rest and a
+// sort of what it selected. The filters read a short prefix (top_k tokens, the top-p
+// nucleus, the most probable token), so a 152k-token row is not sorted whole. The order is
+// total, so every prefix is the one a full sort gives. Ranks by the probabilities it was
+// built from (copied beside the ids): renormalizing p afterwards does not reorder it.
+class Ranking {
+ public:
+  explicit Ranking(const std::vector<double>& p) {
+    entries_.reserve(p.size());
+    for (std::size_t i = 0; i < p.size(); ++i)
+      if (p[i] > 0) entries_.push_back(Entry{p[i], static_cast<int32_t>(i)});
+  }
 
-void zero_except_prefix(std::vector<double>* p, const std::vector<int32_t>& ranked_ids, std::size_t keep) {
-  for (std::size_t r = keep; r < ranked_ids.size(); ++r) (*p)[static_cast<std::size_t>(ranked_ids[r])] = 0;
+  std::size_t size() const { return entries_.size(); }
+  int32_t id(std::size_t rank) const { return entries_[rank].id; }
+  std::size_t ordered() const { return sorted_; }  // how many leading entries are in ranking order
+  // Orders the first min(m, size()) entries. Once more than a quarter would be ordered,
+  // all are (a selection that keeps growing costs more than one sort).
+  void ensure(std::size_t m) {
+    m = std::min(m, entries_.size());
+    if (m <= sorted_) return;
+    if (m > entries_.size() / 4) m = entries_.size();
+    const auto first = entries_.begin() + static_cast<std::ptrdiff_t>(sorted_);
+    const auto last = entries_.begin() + static_cast<std::ptrdiff_t>(m);
+    if (last != entries_.end()) std::nth_element(first, last - 1, entries_.end(), before);
+    std::sort(first, last, before);
+    sorted_ = m;
+  }
+  // Keeps the first m entries (ordered), drops the rest.
+  void truncate(std::size_t m) {
+    ensure(m);
+    entries_.resize(std::min(m, entries_.size()));
+    sorted_ = std::min(sorted_, entries_.size());
+  }
+
+ private:
+  struct Entry {
+    double p;
+    int32_t id;
+  };
+  static bool before(const Entry& a, const Entry& b) { return a.p != b.p ? a.p > b.p : a.id < b.id; }
+
+  std::vector<Entry> entries_;
+  std::size_t sorted_ = 0;
+};
+
+// Keeps the m most probable tokens: zeroes the probabilities of the others and drops them
+// from the ranking.
+void keep_prefix(std::vector<double>* p, Ranking* ranking, std::size_t m) {
+  ranking->ensure(m);
+  for (std::size_t r = m; r < ranking->size(); ++r) (*p)[static_cast<std::size_t>(ranking->id(r))] = 0;
+  ranking->truncate(m);
 }
 
 }  // namespace
@@ -82,28 +120,29 @@ Status sampling_probs(Span<const float> logits, const SamplingParams& params, Sp
   renormalize(&p);
   const bool filters = params.top_k > 0 || params.top_p < 1 || params.min_p > 0;
   if (filters) {
-    std::vector<int32_t> ids = ranked(p);
-    if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < ids.size()) {
-      zero_except_prefix(&p, ids, static_cast<std::size_t>(params.top_k));
-      ids.resize(static_cast<std::size_t>(params.top_k));
+    Ranking ranking(p);
+    if (params.top_k > 0 && static_cast<std::size_t>(params.top_k) < ranking.size()) {
+      keep_prefix(&p, &ranking, static_cast<std::size_t>(params.top_k));
       renormalize(&p);
     }
     if (params.top_p < 1) {
       // Mass in 2^-62 fixed point: exact, so the cut does not depend on the order of the
-      // additions (the CUDA kernels add in parallel).
+      // additions (the CUDA kernels add in parallel). The ranking grows by doubling.
       const uint64_t threshold = detail::fixed_threshold(params.top_p);
       uint64_t mass = 0;
       std::size_t keep = 0;
-      while (keep < ids.size() && (keep == 0 || mass < threshold))
-        mass += detail::fixed_mass(p[static_cast<std::size_t>(ids[keep++])]);
-      zero_except_prefix(&p, ids, keep);
-      ids.resize(keep);
+      while (keep < ranking.size() && (keep == 0 || mass < threshold)) {
+        if (keep == ranking.ordered()) ranking.ensure(std::max<std::size_t>(64, 2 * keep));
+        mass += detail::fixed_mass(p[static_cast<std::size_t>(ranking.id(keep++))]);
+      }
+      keep_prefix(&p, &ranking, keep);
       renormalize(&p);
     }
     if (params.min_p > 0) {
-      const double floor = params.min_p * p[static_cast<std::size_t>(ids[0])];
-      for (int32_t id : ids)
-        if (p[static_cast<std::size_t>(id)] < floor) p[static_cast<std::size_t>(id)] = 0;
+      ranking.ensure(1);
+      const double floor = params.min_p * p[static_cast<std::size_t>(ranking.id(0))];
+      for (std::size_t r = 0; r < ranking.size(); ++r)
+        if (p[static_cast<std::size_t>(ranking.id(r))] < floor) p[static_cast<std::size_t>(ranking.id(r))] = 0;
       renormalize(&p);
     }
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 
 #include "block_manager_test_util.h"
 #include "specd/detail/sampling_rules.h"
@@ -159,6 +160,87 @@ TEST(Sampling, SoftmaxExponentialIsCloseToExp) {
   SamplingParams tiny;
   tiny.temperature = 1e-310;
   expect_probs(probs_of(four(), tiny), {1, 0, 0, 0});
+}
+
+}  // namespace
+}  // namespace specd::testing
+
+namespace specd::testing {
+namespace {
+
+// The filters of sampling.h written the plain way, with a full sort of the vocabulary, and
+// the arithmetic of detail/sampling_rules.h: what sampling_probs's lazily ranked filters must
+// give, bit for bit.
+std::vector<float> full_sort_probs(const std::vector<float>& logits, const SamplingParams& s) {
+  double max_logit = -INFINITY;
+  for (float l : logits) max_logit = std::max(max_logit, static_cast<double>(l));
+  const double inv_t = detail::inverse_temperature(s.temperature);
+  std::vector<double> p(logits.size());
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = detail::softmax_weight(logits[i], max_logit, inv_t);
+  const auto renormalize = [&p] {
+    double total = 0;
+    for (double v : p) total += v;
+    const double inv = 1.0 / total;
+    for (double& v : p) v = detail::exact_mul(v, inv);
+  };
+  renormalize();
+  std::vector<int32_t> ids;
+  for (std::size_t i = 0; i < p.size(); ++i)
+    if (p[i] > 0) ids.push_back(static_cast<int32_t>(i));
+  std::sort(ids.begin(), ids.end(), [&p](int32_t a, int32_t b) {
+    const double pa = p[static_cast<std::size_t>(a)], pb = p[static_cast<std::size_t>(b)];
+    return pa != pb ? pa > pb : a < b;
+  });
+  const auto keep = [&](std::size_t m) {
+    for (std::size_t r = m; r < ids.size(); ++r) p[static_cast<std::size_t>(ids[r])] = 0;
+    ids.resize(std::min(m, ids.size()));
+    renormalize();
+  };
+  if (s.top_k > 0 && static_cast<std::size_t>(s.top_k) < ids.size()) keep(static_cast<std::size_t>(s.top_k));
+  if (s.top_p < 1) {
+    uint64_t mass = 0;
+    std::size_t m = 0;
+    while (m < ids.size() && (m == 0 || mass < detail::fixed_threshold(s.top_p)))
+      mass += detail::fixed_mass(p[static_cast<std::size_t>(ids[m++])]);
+    keep(m);
+  }
+  if (s.min_p > 0) {
+    const double floor = s.min_p * p[static_cast<std::size_t>(ids[0])];
+    for (int32_t id : ids)
+      if (p[static_cast<std::size_t>(id)] < floor) p[static_cast<std::size_t>(id)] = 0;
+    renormalize();
+  }
+  return std::vector<float>(p.begin(), p.end());
+}
+
+// sampling_probs ranks only the prefix its filters read (a selection, then a sort of the
+// selected, doubling for top-p). On large rows, with many exact ties (logits on a coarse
+// grid) and nuclei from one token to most of the vocabulary, it must equal the full sort.
+TEST(Sampling, FiltersOnLargeRowsEqualAFullSort) {
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  int64_t largest_nucleus = 0;
+  for (int trial = 0; trial < 6; ++trial) {
+    std::vector<float> logits(6000 + 2503 * trial);
+    for (float& l : logits) l = std::round(normal(gen) * 8.0f) / 8.0f;  // ties
+    if (trial % 5 == 0) logits[static_cast<std::size_t>(trial)] = -INFINITY;
+    for (const double t : {0.25, 1.0, 6.0})
+      for (const int32_t k : {0, 1, 40, 3000})
+        for (const double top_p : {1.0, 0.5, 0.95, 0.999999})
+          for (const double min_p : {0.0, 0.02}) {
+            if (k == 0 && top_p == 1.0 && min_p == 0.0) continue;
+            SamplingParams s;
+            s.temperature = t;
+            s.top_k = k;
+            s.top_p = top_p;
+            s.min_p = min_p;
+            const std::vector<float> got = probs_of(logits, s), want = full_sort_probs(logits, s);
+            ASSERT_EQ(got, want) << "trial " << trial << " T " << t << " top_k " << k << " top_p " << top_p
+                                 << " min_p " << min_p;
+            largest_nucleus = std::max<int64_t>(largest_nucleus, std::count_if(got.begin(), got.end(), [](float v) { return v > 0; }));
+          }
+  }
+  EXPECT_GT(largest_nucleus, 4096);  // the doubling went far beyond its first 64
 }
 
 }  // namespace

@@ -11,10 +11,9 @@
 // - Greedy rows (temperature 0) give the argmax (lowest id among ties) and read no RngKey.
 // - Top-k / top-p / min-p are applied without sorting the vocabulary: radix selections of
 //   the ranking key (probability desc, id asc), 8 bits at a time, find the k-th token and
-//   the top-p cut. The top-p mass is accumulated in 2^-62 fixed point (exact and
-//   order-independent, so the GPU result does not depend on thread scheduling) instead of
-//   sampling.h's running double sum. The two differ only when the mass of a prefix is within
-//   ~1e-15 of top_p: a residual boundary case; elsewhere the same tokens are kept.
+//   the top-p cut. The top-p mass is accumulated in 2^-62 fixed point, as sampling.h's rule
+//   says (exact and order-independent, so the GPU result does not depend on thread
+//   scheduling), so the same tokens are kept as by sampling_probs.
 // - Per-row input errors do not fail the call: status[r] (SampleStatus) says what was
 //   wrong, tokens[r] is -1 and a probability row is all zeros. The call itself fails only
 //   for bad shapes or pointers (validate_logit_rows).
