@@ -449,7 +449,7 @@ Status GoodputController::observe_step(int64_t emitted_tokens, double seconds, i
 
 double GoodputController::price(double g_star) const {
   const double run = long_run_goodput();
-  if (run <= 0 || run >= g_star || finished_ < max_batch_) return g_star;
+  if (waiting_ == 0 || run <= 0 || run >= g_star || finished_ < max_batch_) return g_star;
   const double w = backlog_share();
   return (1 - w) * g_star + w * run;
 }

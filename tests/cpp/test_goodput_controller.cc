@@ -346,8 +346,11 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
   // The same steps with requests left waiting after each: the price goes to G_run = 20, so
   // a verified token pays from probability 20 * 0.012 = 0.24 and every 0.5 is bought.
+  // (No batch limit was given, so G_run is trusted at once.)
   for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe_step(3, 0.150, 5));
   EXPECT_NEAR(c.backlog_share(), 1.0, 0.01);
+  EXPECT_DOUBLE_EQ(c.price(54.0), 54.0);  // the scheduler has not said that requests wait
+  c.observe_load(5, 0);
   EXPECT_NEAR(c.price(54.0), 20.0, 0.5);
   SPECD_ASSERT_OK(c.decide(batch, &d));
   for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 4);
@@ -359,10 +362,15 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   SPECD_ASSERT_OK(c.decide(with_prompt, &d));
   EXPECT_EQ(d[0].k, 4);
   EXPECT_EQ(d[1].k, 4);
-  // Half of the recent steps left requests waiting: the price is halfway.
+  // Half of the recent steps left requests waiting, and some wait now: the price is halfway.
   for (int i = 0; i < 34; ++i) SPECD_ASSERT_OK(c.observe_step(3, 0.150, 0));  // 0.98^34 = 0.5
   EXPECT_NEAR(c.backlog_share(), 0.5, 0.01);
   EXPECT_NEAR(c.price(54.0), 37.0, 0.5);
+  // The queue has drained: the steps ahead serve the running requests, G* again, although
+  // the share still remembers the backlog.
+  c.observe_load(0, 0);
+  EXPECT_DOUBLE_EQ(c.price(54.0), 54.0);
+  c.observe_load(5, 0);
   // The engine emits more than the estimates predict (1000 tokens/s): the price stays G*.
   for (int i = 0; i < 2000; ++i) SPECD_ASSERT_OK(c.observe_step(100, 0.1, 5));
   EXPECT_NEAR(c.long_run_goodput(), 1000.0, 1.0);

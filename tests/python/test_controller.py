@@ -264,8 +264,11 @@ def test_the_engine_reports_every_step_for_the_price_of_time(setup):
     assert c.backlog_share == pytest.approx(share / sum(keep ** i for i in range(len(steps))), rel=1e-9)
     assert 0 < c.backlog_share < 1
     g_star = 100.0
+    assert c.price(g_star) == g_star  # the queue has drained: G*
+    c.observe_load(3, 2)  # requests wait (batch limit 2, and more than 2 requests finished)
     assert c.price(g_star) == pytest.approx(
         g_star if c.long_run_goodput >= g_star else (1 - c.backlog_share) * g_star + c.backlog_share * c.long_run_goodput)
+    assert c.long_run_goodput >= g_star or c.price(g_star) < g_star
     # The controller's view of the load is engine telemetry; the last price follows the rule.
     view = llm.metrics()["policy"]
     assert set(view) == {"typical_goodput", "long_run_goodput", "backlog_share", "price"}

@@ -70,8 +70,15 @@
 //    pay at G_run are bought. Without a backlog the running requests' latency is what a
 //    step's time costs, and G* is the right price: other requests' prefills stretch a
 //    request's remaining steps and the delay a longer step causes alike, so they cancel.
-//    The price is therefore G = (1 - w) G* + w min(G*, G_run), with w the share of recent
-//    steps (same decay) after which requests were left waiting. A G_run above G* (realised
+//    The price is therefore G = (1 - w) G* + w min(G*, G_run) while requests wait for
+//    admission (observe_load), with w the share of recent steps (same decay) after which
+//    requests were left waiting, and G* once none waits: with the queue empty no admission
+//    is pending, and the steps ahead serve the running requests, whose latency a step's
+//    time costs. (With the share alone the backlog's price outlived the backlog: on the
+//    H100-profile sweep at 620 requests/s, traces recorded in bfloat16, a batch of 64 left
+//    when the queue emptied was priced near G_run for dozens of steps and caught up its
+//    draft, 35 ms of draft prefill, for drafts that barely beat plain decoding: 1.055x the
+//    latency of no speculation; priced at G*, 1.039x.) A G_run above G* (realised
 //    acceptance above the estimates) never prices time above the step's own optimum.
 //    G_run is trusted only once as many requests have finished as the engine's batch limit
 //    (observe_load's max_batch): a request's prompt is prefilled before any of its tokens are
@@ -217,7 +224,8 @@ class GoodputController {
   double long_run_goodput() const { return run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0.0; }
   // w: the decayed share of observed steps that left requests waiting (0 before any).
   double backlog_share() const { return run_steps_ > 0 ? backlog_steps_ / run_steps_ : 0.0; }
-  // The price of time for a step whose typical step's optimal goodput is g_star (header).
+  // The price of time for a step whose typical step's optimal goodput is g_star (header), at
+  // the queue of the last observe_load.
   double price(double g_star) const;
   // The last decide()'s typical-step goodput G* and its price of time (0 before any step
   // with cost data): the controller's view of the load, for telemetry.
