@@ -270,7 +270,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);
     for (std::size_t i = n; i < static_cast<std::size_t>(forecast); ++i)
       future.add(1, prior, config_.proposer_uses_draft, in_sync, allowed);
-    if (optimize_goodput(future.finish(), costs(0.0, 0), &forecast_plan).ok()) plan = &forecast_plan;
+    if (optimize_goodput(future.finish(), costs(0.0, forecast), &forecast_plan).ok()) plan = &forecast_plan;
   }
   const int32_t d = draft_proposer_;
   const double goodput = plan->goodput;

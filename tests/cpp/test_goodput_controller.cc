@@ -170,6 +170,49 @@ TEST(GoodputController, CatchUpIsRefusedUnderAForecastSaturation) {
   }
 }
 
+// The forecast plan of the catch-up test (rule 4) is bound, like every plan, to the token
+// counts the target was measured near (CostModel::explored_limit). At the start of a load
+// ramp the target has run only prefill-heavy forwards (179 and 838 tokens here); the line
+// through them prices 64 requests' verification as cheap as 64 tokens of prefill, and on it
+// the forecast plan drafts k = 2 for everyone, where a new request's catch-up (180 tokens)
+// pays from 50 tokens left. Within twice the forecast batch (128 verified tokens) the plan
+// drafts k = 1, and the same catch-up pays only from about 60 tokens left. (On the
+// H100-profile sweep at 620 requests/s, traces recorded in bfloat16, new requests caught up
+// their drafts on that line for drafting that did not pay.) Once verification at the
+// forecast batch has been measured, and found as cheap as the line, the catch-up pays.
+TEST(GoodputController, TheCatchUpsForecastPlanStaysWithinMeasuredSizes) {
+  for (const bool decode_measured : {false, true}) {
+    GoodputController c(unexplored_config({true}, 8));
+    for (int rep = 0; rep < 3; ++rep) {
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 179, 0.00413));
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 838, 0.01029));
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 5, 0.0006));
+      SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 1007, 0.0046));
+      if (decode_measured)
+        for (int64_t n : {64, 128, 192, 256})  // on the line through the prefills
+          SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.00413 + (n - 179) * (0.01029 - 0.00413) / 659));
+    }
+    c.observe_overhead(0.0008);
+    std::vector<int32_t> warm;
+    run_steps(&c, decode_batch(8, 8, 1, 100), 0.8, 10, &warm);  // 8 requests in sync
+    c.observe_load(0, 64);
+    // Ten new requests at once, 50 tokens each to go: an arrival rate far above what 64
+    // requests can serve, so the forecast batch is the limit.
+    std::vector<ControllerRequest> batch = decode_batch(8, 8, 1, 100);
+    for (ControllerRequest r : decode_batch(10, 8, 180, 0)) {
+      r.remaining_tokens = 50;
+      batch.push_back(r);
+    }
+    std::vector<ControllerDecision> d;
+    SPECD_ASSERT_OK(c.decide(batch, &d));
+    EXPECT_EQ(c.load().batch(static_cast<int32_t>(batch.size()), c.target_costs()), 64);
+    EXPECT_GT(d[0].k, 0);  // the requests in sync draft either way
+    int catching_up = 0;
+    for (std::size_t i = 8; i < batch.size(); ++i) catching_up += d[i].k > 0;
+    EXPECT_EQ(catching_up, decode_measured ? 10 : 0) << "decode sizes measured: " << decode_measured;
+  }
+}
+
 TEST(GoodputController, CatchUpIsPricedByTheDraftsOwnCurveWhereTimed) {
   // A draft 5x cheaper than the target at one token and 25x cheaper per token above the
   // knee (on a 2-core CPU: 0.4x at one token, 0.25x at 179). A request 2,000 tokens behind

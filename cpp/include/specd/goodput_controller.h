@@ -36,7 +36,11 @@
 //    the best static k; with base 2, 1.013x.)
 // 4. Catch-up: a request whose draft has tokens to catch up (draft_catch_up > 1) may use a
 //    draft-model proposer only if the investment pays: in the steady plan at the forecast
-//    batch (requests beyond today's batch at the proposers' prior acceptance), the request
+//    batch (requests beyond today's batch at the proposers' prior acceptance; like every
+//    plan, its verification within the target's explored_limit from there: on a line
+//    through prefill-heavy forwards alone, at the start of a load ramp, 64 requests'
+//    verification looked as cheap as 64 prompt tokens, and new requests caught up their
+//    drafts for drafting that did not pay), the request
 //    drafts k tokens with that proposer for D extra tokens per step at marginal time d; with
 //    G that plan's goodput and S = remaining_tokens / (1 + D) steps left, invest iff
 //    S (D / G - d) > the batch's wait for the catch-up: the draft's predicted time for the
