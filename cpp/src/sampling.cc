@@ -48,9 +48,8 @@ class Ranking {
     std::sort(first, last, before);
     sorted_ = m;
   }
-  // Keeps the first m entries (ordered), drops the rest.
+  // Drops every entry after the first m (call ensure(m) first).
   void truncate(std::size_t m) {
-    ensure(m);
     entries_.resize(std::min(m, entries_.size()));
     sorted_ = std::min(sorted_, entries_.size());
   }
