@@ -8,8 +8,11 @@ Cases (sizes of the real pair, Qwen2.5-Coder 1.5B / 0.5B: vocab 151,936, kv_head
 head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
   sampling       64 x 152k logits, one row per mode: greedy-only, temperature-only (0.8),
                  top-k 50, top-p 0.9, mixed (the four modes in turn), each with bf16 and fp32
-                 logits: ops.sample_tokens vs the batched torch rows (engine/row_sampling.py);
-                 ops.sampling_probs (mixed); the per-row torch loop (torch_sampling.py, mixed fp32)
+                 logits: ops.sample_tokens vs the batched torch rows (torch_row_sampling.py, the
+                 draft graph's sampling before it called the kernel); ops.sampling_probs (mixed);
+                 the per-row torch loop (torch_sampling.py, mixed fp32); and what the draft
+                 loop runs now, ops.sample_tokens_and_probs, vs the torch rows at 1, 8 and 64
+                 rows (temperature 0.8 and top-p 0.9, bf16)
   verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
@@ -231,7 +234,7 @@ SAMPLING_MODES = {  # (temperature, top_k, top_p) of the rows, in turn
 def bench_sampling(s: Setup) -> list[dict]:
     import specd.ops as ops
     from specd.engine.params import SamplingParams
-    from specd.engine.row_sampling import RowParams, row_sampling_probs, sample_rows
+    from torch_row_sampling import RowParams, row_sampling_probs, sample_rows
     from specd.engine.torch_sampling import sampling_probs
 
     dev, n = s.dev, s.batch
@@ -276,6 +279,30 @@ def bench_sampling(s: Setup) -> list[dict]:
                                   max(3, s.reps // 4))
                     out.append(row(s, "sample_tokens", shape, specd, "torch per-row loop", base,
                                    "the plain draft loop's per-row path", read, "one read of the logits"))
+    # The draft loop's sampling, by batch: one kernel for tokens + distributions vs the torch rows.
+    for rows_n in sorted({1, min(8, n), n}):
+        for mode in ("temperature 0.8", "top-p 0.9"):
+            (t0, k0, p0), = SAMPLING_MODES[mode]
+            temp = torch.full((rows_n,), t0, device=dev)
+            params = ops.pack_sampling_params(temp, torch.full((rows_n,), k0, device=dev),
+                                              torch.full((rows_n,), p0, device=dev), torch.zeros(rows_n, device=dev))
+            rp = RowParams(greedy=temp == 0, temperature=temp.double(), top_k=torch.full((rows_n,), k0, device=dev),
+                           top_p=torch.full((rows_n,), p0, dtype=torch.float64, device=dev),
+                           min_p=torch.zeros(rows_n, dtype=torch.float64, device=dev),
+                           seed_lo=torch.full((rows_n,), 7, device=dev),
+                           seed_hi=torch.zeros(rows_n, dtype=torch.int64, device=dev),
+                           request=torch.arange(rows_n, device=dev))
+            logits = logits32[:rows_n].to(torch.bfloat16)
+            k_rows = keys[:rows_n].contiguous()
+            tokens, probs, status = ops.sample_tokens_and_probs(logits, params, k_rows)
+            want, _ = ops.sampling_probs(logits, params)
+            check = f"status ok={not bool(status.any())}, probs equal sampling_probs={torch.equal(probs, want)}"
+            shape = f"{rows_n} x {s.vocab} bf16, {mode}"
+            specd = s.measure(lambda: ops.sample_tokens_and_probs(logits, params, k_rows))
+            base = s.measure(lambda: sample_rows(logits, rp, 1, positions[:rows_n]))
+            out.append(row(s, "sample_tokens_and_probs", shape, specd, "torch batched rows", base, check,
+                           rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
+            print(f"  draft sampling {shape}: {specd['dev_us']:.1f} us", flush=True)
     return out
 
 

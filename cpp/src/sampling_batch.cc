@@ -37,6 +37,16 @@ Status validate_sampling_probs_batch(const LogitRows& logits, const SamplingPara
   return Status::Ok();
 }
 
+Status validate_sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                        const int32_t* tokens, const float* probs, const int32_t* status) {
+  SPECD_RETURN_IF_ERROR(validate_logit_rows(logits));
+  if (logits.rows > 0 && (params == nullptr || rng == nullptr || tokens == nullptr || probs == nullptr ||
+                          status == nullptr))
+    return error_status(StatusCode::kInvalidArgument,
+                        "sample_tokens_and_probs: null params, rng, tokens, probs or status");
+  return Status::Ok();
+}
+
 Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                          int32_t* tokens, int32_t* status) {
   SPECD_RETURN_IF_ERROR(validate_sample_tokens(logits, params, rng, tokens, status));
@@ -59,6 +69,20 @@ Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* p
     for (int32_t r = 0; r < logits.rows; ++r)
       status[r] = static_cast<int32_t>(detail::probs_row(block, Row::at(logits.data, r * logits.stride),
                                                          logits.vocab, params[r], probs + int64_t{r} * logits.vocab));
+  });
+  return Status::Ok();
+}
+
+Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                   int32_t* tokens, float* probs, int32_t* status) {
+  SPECD_RETURN_IF_ERROR(validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status));
+  detail::SerialBlock block;
+  detail::dispatch_logits_dtype(logits.dtype, [&](auto tag) {
+    using Row = decltype(tag);
+    for (int32_t r = 0; r < logits.rows; ++r)
+      status[r] = static_cast<int32_t>(detail::probs_row(block, Row::at(logits.data, r * logits.stride),
+                                                         logits.vocab, params[r], probs + int64_t{r} * logits.vocab,
+                                                         &rng[r], &tokens[r]));
   });
   return Status::Ok();
 }

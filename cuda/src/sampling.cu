@@ -30,17 +30,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// rng and tokens null: probabilities only; else also the token drawn from each row.
 template <class Row>
 __global__ void __launch_bounds__(kThreads)
-    sampling_probs_kernel(LogitRows logits, const SamplingParams* params, float* probs, int32_t* status) {
+    sampling_probs_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
+                          float* probs, int32_t* status) {
   __shared__ Block::Shared shared;
   Block block(&shared);
   const auto r = static_cast<int32_t>(blockIdx.x);
   const SamplingParams row_params = params[r];
   const Row row = Row::at(logits.data, r * logits.stride);
-  const SampleStatus s =
-      specd::detail::probs_row(block, row, logits.vocab, row_params, probs + int64_t{r} * logits.vocab);
-  if (block.rank() == 0) status[r] = static_cast<int32_t>(s);
+  RngKey key{};
+  if (rng != nullptr) key = rng[r];
+  int32_t token = -1;
+  const SampleStatus s = specd::detail::probs_row(block, row, logits.vocab, row_params,
+                                                  probs + int64_t{r} * logits.vocab, rng != nullptr ? &key : nullptr,
+                                                  tokens != nullptr ? &token : nullptr);
+  if (block.rank() == 0) {
+    status[r] = static_cast<int32_t>(s);
+    if (tokens != nullptr) tokens[r] = token;
+  }
 }
 
 }  // namespace
@@ -62,7 +71,19 @@ cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* 
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     sampling_probs_kernel<decltype(row)><<<static_cast<unsigned>(logits.rows), kThreads, 0, stream>>>(
-        logits, params, probs, status);
+        logits, params, nullptr, nullptr, probs, status);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                    int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream) {
+  if (!validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status).ok())
+    return cudaErrorInvalidValue;
+  if (logits.rows == 0) return cudaSuccess;
+  return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
+    sampling_probs_kernel<decltype(row)><<<static_cast<unsigned>(logits.rows), kThreads, 0, stream>>>(
+        logits, params, rng, tokens, probs, status);
     return cudaGetLastError();
   });
 }

@@ -138,6 +138,18 @@ void bind_spec_kernels(py::module_& m) {
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"),
       "sampling_probs_batch_cpu on host pointers: float32 probs [rows, vocab] and int32 status out.");
   m.def(
+      "sample_tokens_and_probs_batch_cpu",
+      [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status) {
+        check(sample_tokens_and_probs_cpu(logit_rows(logits, dtype, rows, vocab, stride),
+                                          ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
+                                          ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status)));
+      },
+      SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
+      py::arg("status_ptr"),
+      "sample_tokens_and_probs_cpu (specd/sampling_batch.h) on host pointers: int32 tokens [rows], "
+      "float32 probs [rows, vocab] and int32 status out.");
+  m.def(
       "verify_greedy_batch_cpu",
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,
          uintptr_t target, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
@@ -205,6 +217,22 @@ void bind_spec_kernels(py::module_& m) {
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"), py::arg("stream"),
       "Launch the CUDA sampling_probs_batch kernel on device pointers (no host sync).");
+  m.def(
+      "sample_tokens_and_probs_batch_cuda",
+      [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, uintptr_t stream) {
+        const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
+        check(validate_sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
+                                               ptr<const int32_t>(tokens), ptr<const float>(probs),
+                                               ptr<const int32_t>(status)));
+        check_launch(cuda::sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
+                                                   ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
+                                                   as_stream(stream)),
+                     "sample_tokens_and_probs");
+      },
+      SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
+      py::arg("status_ptr"), py::arg("stream"),
+      "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync).");
   m.def(
       "verify_greedy_batch_cuda",
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,

@@ -173,6 +173,14 @@ void expect_batch_matches_reference(const SamplingCase& c, const char* what) {
     ASSERT_EQ(st[ur] == 0, want.ok[ur]) << what << " row " << r;
     EXPECT_EQ(tokens[ur], want.tokens[ur]) << what << " row " << r;
   }
+  // Both at once: the same bits and tokens.
+  std::vector<float> both_probs(want.probs.size(), -1.0f);
+  std::vector<int32_t> both_tokens(tokens.size(), -7), both_st(st.size(), -7);
+  SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), both_tokens.data(),
+                                              both_probs.data(), both_st.data()));
+  EXPECT_EQ(both_st, st) << what;
+  EXPECT_EQ(both_tokens, tokens) << what;
+  EXPECT_EQ(both_probs, want.probs) << what;
 }
 
 TEST(SamplingBatchCpu, MatchesReferenceOnRandomRows) {
@@ -233,6 +241,12 @@ TEST(SamplingBatchCpu, ValidatesShapes) {
   SPECD_EXPECT_CODE(sample_tokens_cpu(LogitRows{nullptr, LogitsDtype::kFloat32, 1, 4, 4}, &s, &k, &t, &st), kInvalidArgument);
   SPECD_EXPECT_CODE(sample_tokens_cpu(LogitRows{x.data(), static_cast<LogitsDtype>(7), 1, 4, 4}, &s, &k, &t, &st), kInvalidArgument);
   SPECD_EXPECT_CODE(sample_tokens_cpu(LogitRows{x.data(), LogitsDtype::kFloat32, 1, 4, 4}, &s, nullptr, &t, &st), kInvalidArgument);
+  std::vector<float> p(4);
+  SPECD_EXPECT_CODE(sample_tokens_and_probs_cpu(LogitRows{x.data(), LogitsDtype::kFloat32, 1, 4, 4}, &s, &k, &t, nullptr, &st),
+                    kInvalidArgument);
+  SPECD_EXPECT_CODE(sample_tokens_and_probs_cpu(LogitRows{x.data(), LogitsDtype::kFloat32, 1, 4, 3}, &s, &k, &t, p.data(), &st),
+                    kInvalidArgument);
+  SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(LogitRows{x.data(), LogitsDtype::kFloat32, 1, 4, 4}, &s, &k, &t, p.data(), &st));
   SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{nullptr, LogitsDtype::kFloat32, 0, 4, 4}, nullptr, nullptr, nullptr, nullptr));
 }
 
@@ -275,18 +289,23 @@ TEST(SamplingBatchThreaded, SeveralThreadsPerRowMatchOneThread) {
       for (int32_t r = 0; r < c.rows; ++r) {
         const auto ur = static_cast<std::size_t>(r);
         const auto row = detail::Float32Row::at(c.logits.data(), r * c.stride);
-        int32_t token = -9, status = -9, probs_status = -9;
-        std::vector<float> probs(static_cast<std::size_t>(vocab), -1.0f);
+        int32_t token = -9, status = -9, probs_status = -9, both_token = -9;
+        std::vector<float> probs(static_cast<std::size_t>(vocab), -1.0f), both_probs(probs.size(), -1.0f);
         run_threaded(threads, [&](ThreadedBlock& b) {
-          int32_t t = -1;
+          int32_t t = -1, t2 = -1;
           const SampleStatus s = detail::sample_token_row(b, row, vocab, c.params[ur], c.keys[ur], &t);
           const SampleStatus s2 = detail::probs_row(b, row, vocab, c.params[ur], probs.data());
+          // Both at once: the token drawn from the row this block just wrote.
+          detail::probs_row(b, row, vocab, c.params[ur], both_probs.data(), &c.keys[ur], &t2);
           if (b.rank() == 0) {
             token = t;
             status = static_cast<int32_t>(s);
             probs_status = static_cast<int32_t>(s2);
+            both_token = t2;
           }
         });
+        EXPECT_EQ(both_token, token) << threads << " threads, vocab " << vocab << ", row " << r;
+        EXPECT_EQ(both_probs, probs) << threads << " threads, vocab " << vocab << ", row " << r;
         ASSERT_EQ(status, want_status[ur]) << threads << " threads, vocab " << vocab << ", row " << r;
         EXPECT_EQ(probs_status, want_status[ur]);
         EXPECT_EQ(token, want_tokens[ur]) << threads << " threads, vocab " << vocab << ", row " << r;

@@ -2,7 +2,7 @@
 // sample_token (same seed, same token) and to sample_tokens_cpu, probabilities equal to
 // sampling_probs_batch_cpu within one float ulp, per-row statuses equal, on random rows with
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
-// (many chunks per thread). Skips, saying why, without a CUDA device.
+// (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -26,6 +26,8 @@ namespace {
 struct GpuSampling {
   std::vector<int32_t> tokens, token_status, probs_status;
   std::vector<float> probs;
+  std::vector<int32_t> both_tokens, both_status;  // sample_tokens_and_probs
+  std::vector<float> both_probs;
 };
 
 // Runs both kernels on `logits` (host data of `bytes` bytes, described by `rows`).
@@ -38,18 +40,27 @@ void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCa
   DeviceBuffer<int32_t> st1(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
   DeviceBuffer<int32_t> st2(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
   DeviceBuffer<float> probs(std::vector<float>(static_cast<std::size_t>(c.rows) * c.vocab, -1.0f));
-  ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && st1.get() && st2.get() && probs.get());
+  DeviceBuffer<int32_t> both_tokens(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+  DeviceBuffer<int32_t> st3(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+  DeviceBuffer<float> both_probs(std::vector<float>(static_cast<std::size_t>(c.rows) * c.vocab, -1.0f));
+  ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && st1.get() && st2.get() && probs.get() &&
+              both_tokens.get() && st3.get() && both_probs.get());
   rows.data = logits.get();
   cudaStream_t stream = nullptr;
   SPECD_CUDA_OK(cudaStreamCreate(&stream));
   SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), st1.get(), stream));
   SPECD_CUDA_OK(cuda::sampling_probs_batch(rows, params.get(), probs.get(), st2.get(), stream));
+  SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), both_tokens.get(), both_probs.get(),
+                                              st3.get(), stream));
   SPECD_CUDA_OK(cudaStreamSynchronize(stream));
   SPECD_CUDA_OK(cudaStreamDestroy(stream));
   out->tokens = tokens.to_host();
   out->token_status = st1.to_host();
   out->probs_status = st2.to_host();
   out->probs = probs.to_host();
+  out->both_tokens = both_tokens.to_host();
+  out->both_status = st3.to_host();
+  out->both_probs = both_probs.to_host();
 }
 
 // Distance in float ulps (same sign assumed: probabilities are >= 0).
@@ -70,6 +81,10 @@ void expect_gpu_matches(const SamplingCase& decoded, const LogitRows& cpu_rows, 
   EXPECT_EQ(gpu.token_status, cpu_status) << what;
   EXPECT_EQ(gpu.probs_status, cpu_status) << what;
   EXPECT_EQ(gpu.tokens, cpu_tokens) << what;
+  // sample_tokens_and_probs: the two kernels' outputs, bit for bit (the same row code).
+  EXPECT_EQ(gpu.both_status, gpu.token_status) << what;
+  EXPECT_EQ(gpu.both_tokens, gpu.tokens) << what;
+  EXPECT_TRUE(gpu.both_probs == gpu.probs) << what << ": sample_tokens_and_probs' rows differ from sampling_probs_batch's";
   ASSERT_TRUE(sampling_probs_batch_cpu(cpu_rows, decoded.params.data(), cpu_probs.data(), cpu_status.data()).ok());
   int64_t worst = 0;
   for (std::size_t k = 0; k < cpu_probs.size(); ++k) worst = std::max(worst, ulps(gpu.probs[k], cpu_probs[k]));

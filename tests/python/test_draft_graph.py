@@ -1,5 +1,5 @@
-"""The graph-capturable draft step loop (specd.engine.draft_graph): per-row device sampling
-equals the per-row functions; with ``LLM(..., draft_graph=True)`` the engine's greedy outputs
+"""The graph-capturable draft step loop (specd.engine.draft_graph): the draft's row sampling
+(the sampling kernel's rule) equals the references; with ``LLM(..., draft_graph=True)`` the engine's greedy outputs
 equal plain decoding and every draft call proposes what the plain draft loop proposes (same
 tokens, same distributions), with batch padding and mixed k; GPU: the captured graph replays
 what the eager loop computes, with no host synchronisation (skips without a GPU)."""
@@ -15,11 +15,10 @@ import specd
 from specd import errors
 from specd.engine import model_runner
 from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
+from specd.engine.draft_sampling import pack_draft_rows, sample_draft_rows
 from specd.engine.params import SamplingParams
-from specd.engine.rng import philox_uniform
 from specd.engine.scheduler import DRAFT
-from specd.engine.row_sampling import RowParams, row_sampling_probs, row_uniforms, sample_rows
-from specd.engine.torch_sampling import sample_inverse_cdf, sampling_probs
+from specd.engine.torch_sampling import DRAFT_STREAM
 from test_engine import prompts_of_mixed_lengths, self_draft
 
 MAX_TOKENS = 16
@@ -30,36 +29,35 @@ ROW_PARAMS = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0),
 SEEDS = [0, 5, 2**32 + 7, 2**63 + 11, 2**64 - 1, 123456789, 42]
 
 
-def row_params(params, seeds, requests, device="cpu"):
-    t = lambda xs, dtype: torch.tensor(xs, dtype=dtype, device=device)  # noqa: E731
-    return RowParams(greedy=t([p.greedy for p in params], torch.bool),
-                     temperature=t([1.0 if p.greedy else p.temperature for p in params], torch.float64),
-                     top_k=t([p.top_k for p in params], torch.int64), top_p=t([p.top_p for p in params], torch.float64),
-                     min_p=t([p.min_p for p in params], torch.float64),
-                     seed_lo=t([s & 0xFFFFFFFF for s in seeds], torch.int64),
-                     seed_hi=t([s >> 32 for s in seeds], torch.int64), request=t(requests, torch.int64))
-
-
-# ---- per-row sampling on the device ----
+# ---- the draft's sampling (draft_sampling.py: the sampling kernel's CPU reference here) ----
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_row_sampling_equals_per_row_sampling(seed):
+def test_draft_rows_sample_what_the_references_sample(seed):
+    """Each row's distribution is specd.sampling_probs of its parameters and its token is
+    specd.sample from it at key (seed, request, DRAFT_STREAM, position); greedy rows: the argmax,
+    one-hot. A row with a NaN logit gets token 0 and an all-zero row, the others unaffected."""
     rng = np.random.default_rng(seed)
-    logits = torch.from_numpy(rng.standard_normal((len(ROW_PARAMS), 50)).astype(np.float32) * 3)
+    logits = torch.from_numpy(rng.standard_normal((len(ROW_PARAMS) + 1, 50)).astype(np.float32) * 3)
     logits[2, 7] = logits[2, 9]  # a tie
-    p = row_params(ROW_PARAMS, SEEDS, list(range(len(ROW_PARAMS))))
-    positions = torch.arange(len(ROW_PARAMS)) * 3 + 10
-    probs = row_sampling_probs(logits, p)
-    tokens, probs32 = sample_rows(logits, p, 1, positions)
-    for r, params in enumerate(ROW_PARAMS):
-        want = sampling_probs(logits[r], params)
-        torch.testing.assert_close(probs[r], want, rtol=0, atol=1e-15)
-        u = philox_uniform(SEEDS[r], r, 1, int(positions[r]), 0)
-        assert float(row_uniforms(p, 1, positions)[r]) == float(u)
-        want_token = torch.argmax(logits[r]) if params.greedy else sample_inverse_cdf(want[None], u.reshape(1))[0]
-        assert int(tokens[r]) == int(want_token)
-        assert torch.equal(probs32[r], probs[r].float())
+    logits[-1, 3] = float("nan")
+    params = ROW_PARAMS + [SamplingParams(temperature=1.0)]
+    seeds, requests = SEEDS + [9], list(range(len(params)))
+    positions = [10 + 3 * r for r in range(len(params))]
+    packed, keys = pack_draft_rows(params, seeds, requests, positions, torch.device("cpu"))
+    tokens, probs = sample_draft_rows(logits, packed, keys)
+    assert tokens.dtype == torch.int64 and probs.dtype == torch.float32
+    for r, p in enumerate(ROW_PARAMS):
+        want = specd.sampling_probs(logits[r].numpy(), p.temperature, p.top_k, p.top_p, p.min_p)
+        np.testing.assert_array_equal(probs[r].numpy(), want)
+        want_token = specd.sample(want, seed=seeds[r], request=requests[r], step=DRAFT_STREAM, position=positions[r])
+        assert int(tokens[r]) == want_token
+        if p.greedy:
+            assert int(tokens[r]) == int(torch.argmax(logits[r]))
+    assert int(tokens[-1]) == 0 and not probs[-1].any()
+    # The same words through the op that samples and the op that gives distributions.
+    t2, st = torch.ops.specd.sample_tokens(logits, packed, keys)
+    assert torch.equal(t2[:-1].long(), tokens[:-1]) and st.tolist()[-1] != 0
 
 
 # ---- the engine with the draft graph ----

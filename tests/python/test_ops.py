@@ -208,6 +208,8 @@ def test_sample_tokens_and_sampling_probs_equal_references(dtype):
         ref = _core.sampling_probs(rows[r:r + 1], t, k, p, m)[0]
         np.testing.assert_array_equal(probs[r].numpy(), ref)
         assert int(tokens[r]) == _core.sample_token(ref, 7, r, 1, r + 100)
+    both_tokens, both_probs, both_status = ops.sample_tokens_and_probs(logits, params, keys)
+    assert torch.equal(both_tokens, tokens) and torch.equal(both_probs, probs) and torch.equal(both_status, status)
 
 
 def test_sampling_statuses_and_64_bit_seeds():
@@ -218,6 +220,9 @@ def test_sampling_statuses_and_64_bit_seeds():
     assert status.tolist()[:2] == [1, 2] and tokens.tolist()[:2] == [-1, -1] and status[2] == 0
     ref = _core.sampling_probs(logits[2:].numpy(), 1.0, 0, 1.0, 0.0)[0]
     assert int(tokens[2]) == _core.sample_token(ref, 2**64 - 2, 3, 0, 9)  # seed -2 = its 64 bits
+    both_tokens, both_probs, both_status = ops.sample_tokens_and_probs(logits, params, keys.contiguous())
+    assert torch.equal(both_tokens, tokens) and torch.equal(both_status, status)
+    assert not both_probs[:2].any() and torch.equal(both_probs[2], torch.from_numpy(ref))
 
 
 @pytest.mark.parametrize("out_stride", [0, 8])
@@ -324,10 +329,11 @@ def opcheck_samples():
         (ops.verify_stochastic, (offsets, parents, tokens, target, target.flip(-1).contiguous(),
                                  ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(0)),
                                  "independent", 0)),
+        (ops.sample_tokens_and_probs, (logits, params, keys)),
     ]
 
 
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -349,7 +355,7 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)

@@ -59,6 +59,8 @@ Status validate_sample_tokens(const LogitRows& logits, const SamplingParams* par
                               const int32_t* tokens, const int32_t* status);
 Status validate_sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, const float* probs,
                                      const int32_t* status);
+Status validate_sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                        const int32_t* tokens, const float* probs, const int32_t* status);
 
 // tokens[r], status[r] for each row r (all arrays [logits.rows], host memory).
 Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
@@ -68,5 +70,12 @@ Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, 
 // status [rows].
 Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* params, float* probs,
                                 int32_t* status);
+
+// Both at once: probs[r * vocab + i] as sampling_probs_batch_cpu and tokens[r] as
+// sample_tokens_cpu (the same bits and tokens), the token drawn from the row just written
+// (no second pass over the logits). What a sampling draft step needs: its tokens and the
+// distributions verification checks them against.
+Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                   int32_t* tokens, float* probs, int32_t* status);
 
 }  // namespace specd

@@ -9,14 +9,15 @@ previous forward. This module runs them over preallocated buffers of a batch-siz
       model forward              each request's catch-up padded to W rows (dummy rows: token
                                  0, slot -1, after the real ones: a causal chain no real row
                                  sees past), KernelAttention, LM head on each last real row
-      sample                     as below, key (seed, request, DRAFT_STREAM, req.length, 0)
+      sample                     as below, key (seed, request, DRAFT_STREAM, req.length)
     per forward j = 1..k-1:
       draft_step_inputs_inplace  positions += 1, input ids = sampled tokens, slots through the
                                  block tables, kv_lens (rows past their own k: slot -1)
       model forward              KernelAttention: kv_write + causal tree_attention ops, with
                                  metadata in device tensors only
-      sample                     greedy argmax, or per-row sampling (row_sampling.py) with
-                                 each row's parameters and Philox key held in tensors
+      sample                     greedy argmax, or the sampling kernel (draft_sampling.py:
+                                 each row's token and distribution, no sort) with each
+                                 row's parameters and Philox key held in tensors
 
 Nothing in it reads a value on the host, so on CUDA :class:`DraftGraphRunner` captures it in
 ``torch.cuda.CUDAGraph``s and replays them; the inputs of a run are ONE pinned host->device
@@ -44,24 +45,24 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_capture
-from specd.engine.row_sampling import RowParams, sample_rows
+from specd.engine.draft_sampling import key_words, param_words, sample_draft_rows
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.engine.timer import causal_keys
-from specd.engine.torch_sampling import DRAFT_STREAM
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
 from specd.models.llama import LlamaModel
 
-# Columns of the per-row int64 inputs (float parameters as float64 bits, adjacent so that the
-# loop reads them as one slice: indexing with a list would copy an index tensor to the device).
-_START, _NUM_STEPS, _GREEDY, _TEMPERATURE, _TOP_P, _MIN_P, _TOP_K, _SEED_LO, _SEED_HI, _REQUEST = range(10)
-_COLUMNS = 10
-_MASK = 0xFFFFFFFF
+# Columns of the per-row int64 inputs: the packed specd::SamplingParams (temperature, top_k,
+# top_p, min_p; floats as float64 bits) and words 0-1 of the packed specd::RngKey (seed;
+# request | DRAFT_STREAM << 32), each adjacent so that the loop copies it as one slice
+# (indexing with a list would copy an index tensor to the device).
+_START, _NUM_STEPS, _TEMPERATURE, _TOP_K, _TOP_P, _MIN_P, _SEED, _KEY_WORD = range(8)
+_COLUMNS = 8
 # One row of those inputs as bytes (native int64 / float64: the staging's layout).
-_ROW = struct.Struct("=3q3d4q")
+_ROW = struct.Struct("=2qdqdd2q")
 assert _ROW.size == 8 * _COLUMNS
-_IDLE_ROW = _ROW.pack(0, 0, 1, 1.0, 1.0, 0.0, 0, 0, 0, 0)  # padding: no steps, greedy
+_IDLE_ROW = _ROW.pack(0, 0, 0.0, 0, 1.0, 0.0, 0, 0)  # padding: no steps, greedy
 
 
 def power_of_two_buckets(max_batch: int) -> tuple[int, ...]:
@@ -112,8 +113,8 @@ class _Buffers:
         # The run's per-row fields, copied in by the head: what forwards j >= 1 read (their
         # graphs are shared by every catch-up width, so they cannot read one width's inputs).
         self.rows = torch.zeros((batch, _COLUMNS), dtype=torch.int64, device=device)  # [B, _COLUMNS]
-        self.float_bits = torch.zeros((batch, 3), dtype=torch.int64, device=device)  # temperature, top_p, min_p
-        self.floats = self.float_bits.view(torch.float64)  # the same [B, 3] as float64 (a view)
+        self.params = torch.zeros((batch, 4), dtype=torch.int64, device=device)  # [B, 4] packed SamplingParams
+        self.keys = torch.zeros((batch, 3), dtype=torch.int64, device=device)    # [B, 3] packed RngKey
         self.num_steps = torch.zeros(batch, dtype=torch.int32, device=device)       # [B] each row's k
         # Row j: forward j's samples (row 0: forward 0's, written by the catch-up or copied in).
         self.tokens = torch.zeros((steps, batch), dtype=torch.int64, device=device)
@@ -310,10 +311,9 @@ class DraftGraphRunner:
         raw, at = inp.raw, inp.byte_offset["rows"]
         raw[at + n * _ROW.size:at + batch * _ROW.size] = _IDLE_ROW * (batch - n)
         for i, it in enumerate(items):
-            req, p = it.request, it.request.params
-            _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, int(p.greedy),
-                           1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.top_k, req.rng_seed & _MASK,
-                           (req.rng_seed >> 32) & _MASK, req.rng_request & _MASK)
+            req = it.request
+            _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, *param_words(req.params),
+                           *key_words(req.rng_seed, req.rng_request))
         self.pool.blocks.block_table_into([it.request.id for it in items], f["table"], model=DRAFT, pad=-1)
         if w:
             # Dummy requests: no history, no pages, nothing visible (kv_len w, slots -1).
@@ -346,15 +346,16 @@ class DraftGraphRunner:
         rows = d["rows"]
         buf.table.copy_(d["table"])  # int64 -> int32, on the device
         buf.rows.copy_(rows)
-        buf.float_bits.copy_(rows[:, _TEMPERATURE:_MIN_P + 1])  # one strided copy; buf.floats views it
+        buf.params.copy_(rows[:, _TEMPERATURE:_MIN_P + 1])  # one strided copy each
+        buf.keys[:, :2].copy_(rows[:, _SEED:_KEY_WORD + 1])
         buf.positions.copy_(rows[:, _START])
         buf.num_steps.copy_(rows[:, _NUM_STEPS])  # int64 -> int32
         if inp.width:
             inp.kv_lens.copy_(d["kv_lens"])
             meta = DeviceAttentionMetadata(d["positions"], d["slots"], buf.table, inp.query_start, inp.kv_lens)
             logits = self.model(d["ids"], meta, self.kv, d["logits_index"], backend=self.backend)  # [B, vocab]
-            # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length, 0).
-            self._sample(buf, 0, logits, _row_params(buf) if sampling else None, buf.positions + 1)
+            # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length).
+            self._sample(buf, 0, logits, sampling, buf.positions + 1)
 
     def _forward(self, buf: _Buffers, j: int, sampling: bool) -> None:
         """Forward j >= 1: feeds forward j - 1's samples (``buf.tokens[j - 1]``), samples into
@@ -364,13 +365,13 @@ class DraftGraphRunner:
                                                   self.num_pages, j, buf.num_steps)
         meta = DeviceAttentionMetadata(buf.positions, buf.slot_mapping, buf.table, buf.query_start, buf.kv_lens)
         logits = self.model(buf.input_ids, meta, self.kv, None, backend=self.backend)  # [B, vocab]
-        # Key (seed, request, DRAFT_STREAM, req.length + j, 0), as run_draft's forward j.
-        self._sample(buf, j, logits, _row_params(buf) if sampling else None, buf.positions + 1)
+        # Key (seed, request, DRAFT_STREAM, req.length + j), as run_draft's forward j.
+        self._sample(buf, j, logits, sampling, buf.positions + 1)
 
-    def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, params: Optional[RowParams],
-                positions: torch.Tensor) -> None:
-        if params is not None:
-            tokens, probs = sample_rows(logits, params, DRAFT_STREAM, positions)
+    def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, sampling: bool, positions: torch.Tensor) -> None:
+        if sampling:
+            buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
+            tokens, probs = sample_draft_rows(logits, buf.params, buf.keys)
             buf.probs[j].copy_(probs)
         else:
             tokens = torch.argmax(logits, dim=-1)
@@ -407,11 +408,3 @@ class DraftGraphRunner:
         graph, self._mempool = capture_graph(body, self.device, self._mempool)
         self._graphs[key] = graph
         return graph
-
-
-def _row_params(buf: _Buffers) -> RowParams:
-    """RowParams from the bucket's per-row fields (the head copied them in)."""
-    rows, floats = buf.rows, buf.floats
-    return RowParams(greedy=rows[:, _GREEDY] != 0, temperature=floats[:, 0], top_k=rows[:, _TOP_K],
-                     top_p=floats[:, 1], min_p=floats[:, 2], seed_lo=rows[:, _SEED_LO], seed_hi=rows[:, _SEED_HI],
-                     request=rows[:, _REQUEST])

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 from specd.engine.request import Request
-from specd.engine.rng import philox_uniform
+from specd.engine.draft_sampling import pack_draft_rows, sample_draft_rows
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
 from specd.engine.timer import causal_keys
-from specd.engine.torch_sampling import DRAFT_STREAM, row_argmax, sample_inverse_cdf, sampling_probs
+from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
@@ -201,15 +201,20 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         logits = on_forward(tokens, run, segment_keys(segments)) if on_forward is not None else run()
         greedy = row_argmax(logits) if any(items[i].request.params.greedy for i in active) else None
+        rows = [row for row, i in enumerate(active) if not items[i].request.params.greedy]
+        if rows:  # one kernel call for the sampled rows; key (seed, request, DRAFT_STREAM, req.length + j)
+            reqs = [items[active[row]].request for row in rows]
+            params, keys = pack_draft_rows([r.params for r in reqs], [r.rng_seed for r in reqs],
+                                           [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
+            index = torch.tensor(rows, dtype=torch.int64).to(device)
+            drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys)
+        at = {row: n for n, row in enumerate(rows)}
         for row, i in enumerate(active):
-            req = items[i].request
-            if req.params.greedy:
+            if items[i].request.params.greedy:
                 sampled[i].append(greedy[row])
                 continue
-            q = sampling_probs(logits[row], req.params)
-            u = philox_uniform(req.rng_seed, req.rng_request, DRAFT_STREAM, req.length + j, 0, device=device)
-            sampled[i].append(sample_inverse_cdf(q[None], u.reshape(1))[0])
-            dists[i].append(q.float())
+            sampled[i].append(drawn[at[row]])
+            dists[i].append(probs[at[row]])
     if graph is not None:
         return _finish_with_graph(graph, items, sampled, dists, on_forward)
     drafts = [torch.stack(s).tolist() for s in sampled]  # the one host sync, after the loop

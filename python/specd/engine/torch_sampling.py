@@ -1,5 +1,6 @@
-"""The sampling rules of cpp/include/specd/sampling.h in torch, for distributions that must
-stay on the device (the draft loop samples inside the loop without host sync). The softmax
+"""The sampling rules of cpp/include/specd/sampling.h in torch, for the draft-tree builder's
+distributions (draft_tree.py), and the rows' argmax the engine's greedy paths share. (The
+draft loop samples with the sampling kernel: draft_sampling.py.) The softmax
 is torch's (float64), within about 1e-7 (relative) of the C++ rule's weights, whose
 exponential is a float polynomial made to give the same bits on the host and in the CUDA
 kernels (detail/sampling_rules.h). Distributions from here are only ever the draft's, and
@@ -11,7 +12,6 @@ import numpy as np
 import torch
 
 from specd.engine.params import SamplingParams
-from specd.engine.rng import philox_uniform
 
 # Philox "step" word of the draft model's sampling stream; verification uses step 0, so the
 # draft's draws never coincide with the verifier's (a requirement of lossless verification).
@@ -56,12 +56,3 @@ def sampling_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
             ranked = ranked / ranked.sum()
         probs = torch.zeros_like(probs).scatter(0, order, torch.where(keep, ranked, 0))
     return probs
-
-
-def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """probs ``[B, vocab]``, u ``[B]`` in [0, 1) -> token ids ``[B]`` (the first id whose
-    running sum exceeds u * total), without leaving the device."""
-    cdf = torch.cumsum(probs, dim=-1)
-    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    return idx.clamp_(max=probs.shape[-1] - 1)

@@ -1,6 +1,6 @@
 """Custom ops of the batched sampling and verification kernels (rules:
 cpp/include/specd/sampling_batch.h, verify_batch.h): ``specd::sample_tokens``,
-``specd::sampling_probs``, ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
+``specd::sampling_probs``, ``specd::sample_tokens_and_probs``, ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
 ``specd::verify_stochastic``.
 
 Per-row parameters travel as packed int64 words built on the rows' device (no host sync):
@@ -22,7 +22,7 @@ from specd import _core
 from specd.ops._checks import (common_device, expect, fail, index, kernel_dtype, launch,
                                no_kernel_for_device, register_kernels, rows)
 
-__all__ = ["sample_tokens", "sampling_probs", "verify_greedy", "verify_greedy_tokens", "verify_stochastic",
+__all__ = ["sample_tokens", "sampling_probs", "sample_tokens_and_probs", "verify_greedy", "verify_greedy_tokens", "verify_stochastic",
            "pack_sampling_params", "pack_rng_keys"]
 
 _WORD = 0xFFFFFFFF
@@ -70,15 +70,21 @@ def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor)
     no_kernel_for_device("sample_tokens", logits, params, rng)
 
 
-def _sample_tokens(logits, params, rng):
-    op = "sample_tokens"
+def _sampling_inputs(op: str, logits, params, rng):
+    """Checked inputs of the ops that draw tokens, and their (tokens, status) outputs."""
     device = common_device(op, logits=logits, params=params, rng=rng)
     logits, stride, dtype = _logits(op, "logits", logits)
-    n, vocab = logits.shape
+    n = logits.shape[0]
     params = _packed(op, "params", params, n, 4)
     rng = _packed(op, "rng", rng, n, 3)
     tokens = torch.full((n,), -1, dtype=torch.int32, device=device)
     status = torch.zeros(n, dtype=torch.int32, device=device)
+    return device, logits, stride, dtype, params, rng, tokens, status
+
+
+def _sample_tokens(logits, params, rng):
+    device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens", logits, params, rng)
+    n, vocab = logits.shape
     if n:
         launch(device, _core.sample_tokens_batch_cpu, "sample_tokens_batch_cuda", logits.data_ptr(), dtype, n,
                vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(), status.data_ptr())
@@ -116,6 +122,35 @@ def _sampling_probs(logits, params):
 def _(logits, params):
     return (logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((logits.shape[0],), dtype=torch.int32))
+
+
+@torch.library.custom_op("specd::sample_tokens_and_probs", mutates_args=())
+def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor,
+                            rng: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens` and :func:`sampling_probs` in one call (one kernel launch): each
+    row's token (the same as sample_tokens gives) drawn from its probability row (the same bits
+    as sampling_probs), what a sampling draft step needs. Returns (tokens int32 ``[rows]``,
+    probs float32 ``[rows, vocab]``, status int32 ``[rows]``)."""
+    no_kernel_for_device("sample_tokens_and_probs", logits, params, rng)
+
+
+def _sample_tokens_and_probs(logits, params, rng):
+    device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens_and_probs", logits,
+                                                                                   params, rng)
+    n, vocab = logits.shape
+    probs = torch.zeros((n, vocab), dtype=torch.float32, device=device)
+    if n:
+        launch(device, _core.sample_tokens_and_probs_batch_cpu, "sample_tokens_and_probs_batch_cuda",
+               logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
+               probs.data_ptr(), status.data_ptr())
+    return tokens, probs, status
+
+
+@sample_tokens_and_probs.register_fake
+def _(logits, params, rng):
+    n = logits.shape[0]
+    return (logits.new_empty((n,), dtype=torch.int32), logits.new_empty(logits.shape, dtype=torch.float32),
+            logits.new_empty((n,), dtype=torch.int32))
 
 
 # ---- verification ----
@@ -255,6 +290,7 @@ def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampl
 
 register_kernels(sample_tokens, _sample_tokens)
 register_kernels(sampling_probs, _sampling_probs)
+register_kernels(sample_tokens_and_probs, _sample_tokens_and_probs)
 register_kernels(verify_greedy, _verify_greedy)
 register_kernels(verify_greedy_tokens, _verify_greedy_tokens)
 register_kernels(verify_stochastic, _verify_stochastic)

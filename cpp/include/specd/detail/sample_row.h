@@ -8,7 +8,10 @@
 //   row_prob   the final probability of token i from its logit and the plan (recomputed
 //              where needed instead of stored: no workspace);
 //   sample_token_row  rounds the probabilities to float as sampling_probs' output does, then
-//              draws as sample_token does (normalize in double, final draw at rng.position).
+//              draws as sample_token does (normalize in double, final draw at rng.position);
+//   probs_row  writes the float probability row, and optionally draws sample_token_row's
+//              token from the row it wrote (the draft loop needs both: the token and the
+//              distribution verification checks it against).
 //
 // Every pass is a block-wide sum/max over the row. With SerialBlock they are sequential sums
 // in id order, the CPU reference's arithmetic; on the GPU they are tree sums, which can
@@ -159,6 +162,27 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   return SampleStatus::kOk;
 }
 
+// sample_token's draw (verify.cc) from a row whose float probabilities are
+// float_prob(i, load(i)) (a double holding a float value): p = float probs * (1 / their sum);
+// target = u * sum(p) with u the final draw at rng.position. `load` is a pure read
+// (for_each_strided batches it).
+template <class Block, class Load, class FloatProb>
+SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, const Load& load,
+                                                     const FloatProb& float_prob, const RngKey& rng, int32_t* token) {
+  double local = 0;
+  for_each_strided(b, vocab, load, [&](int32_t i, auto v) { local += float_prob(i, v); });
+  const double float_total = b.sum(local);
+  if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
+  const double inv_float_total = 1.0 / float_total;
+  local = 0;
+  for_each_strided(b, vocab, load, [&](int32_t i, auto v) { local += exact_mul(float_prob(i, v), inv_float_total); });
+  const double total = b.sum(local);
+  const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
+  const auto normalized = [&](int32_t i) { return exact_mul(float_prob(i, load(i)), inv_float_total); };
+  *token = draw_inverse_cdf(b, vocab, normalized, u * total);
+  return SampleStatus::kOk;
+}
+
 // The token sample_token would draw from this row's float probabilities with key `rng`.
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
@@ -171,30 +195,19 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
     *token = plan.argmax;
     return SampleStatus::kOk;
   }
-  // sample_token: p = float probs * (1 / their sum); draw target = u * sum(p).
-  const auto float_prob_of = [&](int32_t i, float l) {
+  return draw_from_float_probs(b, vocab, load, [&](int32_t i, float l) {
     return static_cast<double>(static_cast<float>(row_prob(plan, i, l)));
-  };
-  const auto float_prob = [&](int32_t i) { return float_prob_of(i, load(i)); };
-  double local = 0;
-  for_each_strided(b, vocab, load, [&](int32_t i, float l) { local += float_prob_of(i, l); });
-  const double float_total = b.sum(local);
-  if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
-  const double inv_float_total = 1.0 / float_total;
-  const auto normalized = [&](int32_t i) { return exact_mul(float_prob(i), inv_float_total); };
-  local = 0;
-  for_each_strided(b, vocab, load,
-                   [&](int32_t i, float l) { local += exact_mul(float_prob_of(i, l), inv_float_total); });
-  const double total = b.sum(local);
-  const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
-  *token = draw_inverse_cdf(b, vocab, normalized, u * total);
-  return SampleStatus::kOk;
+  }, rng, token);
 }
 
 // The probability row sampling_probs writes (probs[vocab]); all zeros when status != kOk.
+// With `token` non-null, also the token sample_token draws from that row with key `rng`
+// (sample_token_row's token, drawn from the row just written instead of recomputing it):
+// -1 when status != kOk.
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
-                                         float* probs) {
+                                         float* probs, const RngKey* rng = nullptr, int32_t* token = nullptr) {
+  if (token != nullptr) *token = -1;
   RowPlan plan;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
   if (status != SampleStatus::kOk) {
@@ -202,7 +215,15 @@ SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t voc
     return status;
   }
   for_each_strided(b, vocab, load, [&](int32_t i, float l) { probs[i] = static_cast<float>(row_prob(plan, i, l)); });
-  return status;
+  if (token == nullptr) return status;
+  if (plan.greedy) {
+    *token = plan.argmax;
+    return status;
+  }
+  b.sync();  // the row written above, read back by every thread of the block
+  const float* written = probs;
+  return draw_from_float_probs(b, vocab, [written](int32_t i) { return written[i]; },
+                               [](int32_t, float p) { return static_cast<double>(p); }, *rng, token);
 }
 
 }  // namespace specd::detail

@@ -10,8 +10,8 @@
 //   tokens       [rows] int32 out: the sampled token, -1 where status != 0
 //   probs        [rows, vocab] float32 out: sampling_probs of each row, zeros where status != 0
 //   status       [rows] int32 out: SampleStatus
-// Returns cudaErrorInvalidValue when validate_sample_tokens / validate_sampling_probs_batch
-// fails, cudaSuccess without launching for rows == 0, else the launch error.
+// Returns cudaErrorInvalidValue when validate_sample_tokens / validate_sampling_probs_batch /
+// validate_sample_tokens_and_probs fails, cudaSuccess without launching for rows == 0, else the launch error.
 //
 // Equality with the CPU: the same per-element formulas and the same decisions, so tokens and
 // probabilities agree except where the order of a double sum matters: the kernels add in a
@@ -39,5 +39,11 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
 
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
                                  int32_t* status, cudaStream_t stream);
+
+// Both in one launch (sample_tokens_and_probs_cpu): each row's probabilities as
+// sampling_probs_batch writes them, and the token sample_tokens gives, drawn from the row just
+// written (the block reads it back after a barrier) instead of recomputing it from the logits.
+cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
+                                    int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream);
 
 }  // namespace specd::cuda

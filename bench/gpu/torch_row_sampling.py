@@ -1,9 +1,13 @@
-"""Sampling a batch of draft rows on the device with per-row parameters held in tensors, so one
+"""BASELINE for bench_kernels.py: how the draft graph sampled before it called the sampling
+kernel (ops.sample_tokens_and_probs, python/specd/engine/draft_sampling.py), kept here to time
+against it. Torch only: a float64 softmax and a stable sort of every row.
+
+Sampling a batch of draft rows on the device with per-row parameters held in tensors, so one
 captured CUDA graph serves any mix of requests (greedy and sampled, any temperature / top-k /
 top-p / min-p, any seed). The rules are those of :func:`specd.engine.torch_sampling.
 sampling_probs` (cpp/include/specd/sampling.h) applied to every row at once, with no
 host-side branch on a parameter value; the draws are the draft stream's Philox draws of
-:mod:`specd.engine.rng` with a key per row.
+Philox4x32-10 in torch (philox4x32_10 below, the C++ philox.h's draws) with a key per row.
 
 Equality with the per-row functions: the same formulas in the same order, except that
 renormalizing sums run over the whole row (zeros included) instead of over the kept tokens,
@@ -19,10 +23,35 @@ from dataclasses import dataclass
 
 import torch
 
-from specd.engine.rng import philox4x32_10
-from specd.engine.torch_sampling import sample_inverse_cdf
-
 _MASK = 0xFFFFFFFF
+_M0, _M1 = 0xD2511F53, 0xCD9E8D57
+_W0, _W1 = 0x9E3779B9, 0xBB67AE85
+
+
+def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    product = b * a  # wraps in int64: the low 64 bits of the exact product
+    return (product >> 32) & _MASK, product & _MASK
+
+
+def philox4x32_10(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor,
+                  k0: int, k1: int) -> tuple[torch.Tensor, ...]:
+    """Counters int64 (broadcastable) holding 32-bit words; key words as ints."""
+    for r in range(10):
+        if r > 0:
+            k0, k1 = (k0 + _W0) & _MASK, (k1 + _W1) & _MASK
+        hi0, lo0 = _mulhilo(_M0, c0)
+        hi1, lo1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs ``[B, vocab]``, u ``[B]`` in [0, 1) -> token ids ``[B]`` (the first id whose
+    running sum exceeds u * total), without leaving the device."""
+    cdf = torch.cumsum(probs, dim=-1)
+    target = (u.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""How the draft model samples a token per row: ``specd.ops.sample_tokens_and_probs`` (the
+kernels of cpp/include/specd/sampling_batch.h on CUDA, their C++ reference on the CPU), which
+returns each row's token and the float32 distribution it was drawn from (what verification
+checks the draft against), with no sort of the vocabulary and no host synchronisation.
+
+Rows carry their own parameters (greedy rows: temperature 0, their argmax and a one-hot row)
+and Philox key ``(seed, request, DRAFT_STREAM, position)``, where ``position`` is the position
+of the token drawn; the draw is the rule's final draw at that key (sampling.h). The eager draft
+loop (model_runner.run_draft) and the draft graph runner pack the same words, so both draw
+the same tokens. A row the kernels reject (non-finite logits) gets token 0 and an all-zero
+distribution: verification then fails that request alone with a message, and the token is a
+valid input id for the draft forwards that follow in the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specd.engine.params import SamplingParams
+from specd.engine.torch_sampling import DRAFT_STREAM
+
+_WORD = 0xFFFFFFFF
+
+
+def signed64(x: int) -> int:
+    """A 64-bit word (e.g. a uint64 seed) as the int64 with the same bits."""
+    x &= 0xFFFFFFFFFFFFFFFF
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def param_words(p: SamplingParams) -> tuple[float, int, float, float]:
+    """The ``specd::SamplingParams`` fields of one request (temperature 0 when greedy)."""
+    return (0.0 if p.greedy else float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p))
+
+
+def key_words(rng_seed: int, rng_request: int) -> tuple[int, int]:
+    """Words 0 and 1 of a draft row's packed ``specd::RngKey`` (word 2 is the position)."""
+    return signed64(rng_seed), (rng_request & _WORD) | (DRAFT_STREAM << 32)
+
+
+def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requests: Sequence[int],
+                    positions: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed params int64 ``[m, 4]`` and keys int64 ``[m, 3]`` of m draft rows, on ``device``."""
+    floats = torch.tensor([[w[0], w[2], w[3]] for w in map(param_words, params)], dtype=torch.float64)
+    top_k = torch.tensor([int(p.top_k) for p in params], dtype=torch.int64)
+    packed = torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
+                          floats[:, 2].view(torch.int64)], dim=1)
+    keys = torch.tensor([[*key_words(s, r), pos & _WORD] for s, r, pos in zip(seeds, requests, positions)],
+                        dtype=torch.int64)
+    return packed.to(device), keys.to(device)
+
+
+def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor,
+                      keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits ``[m, vocab]``, packed params ``[m, 4]`` and keys ``[m, 3]`` -> (tokens int64
+    ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device."""
+    tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys)
+    return torch.where(status == 0, tokens, 0).to(torch.int64), probs
