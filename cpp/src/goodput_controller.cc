@@ -49,7 +49,8 @@ double sum_first(const std::vector<double>& g, int32_t k) {
 
 GoodputController::GoodputController(GoodputControllerConfig config)
     : config_(std::move(config)),
-      estimator_(config_.acceptance, std::max<int32_t>(1, static_cast<int32_t>(config_.proposer_uses_draft.size()))) {
+      estimator_(config_.acceptance, std::max<int32_t>(1, static_cast<int32_t>(config_.proposer_uses_draft.size()))),
+      overhead_(config_.overhead) {
   for (std::size_t p = 0; p < config_.proposer_uses_draft.size(); ++p)
     if (config_.proposer_uses_draft[p] && draft_proposer_ < 0) draft_proposer_ = static_cast<int32_t>(p);
 }
@@ -61,8 +62,9 @@ Status GoodputController::validate_config() const {
     return error_status(StatusCode::kInvalidArgument, "GoodputController: at most one proposer may use the draft model");
   if (config_.k_max < 0)
     return error_status(StatusCode::kInvalidArgument, "GoodputController: k_max must be >= 0, got ", config_.k_max);
-  if (!(config_.overhead_decay >= 0.0 && config_.overhead_decay < 1.0))
-    return error_status(StatusCode::kInvalidArgument, "GoodputController: overhead_decay must be in [0, 1)");
+  if (!(config_.overhead.decay >= 0.0 && config_.overhead.decay < 1.0) || !(config_.overhead.ridge >= 0.0))
+    return error_status(StatusCode::kInvalidArgument,
+                        "GoodputController: overhead.decay must be in [0, 1) and overhead.ridge >= 0");
   if (config_.draft_tree_width < 1)
     return error_status(StatusCode::kInvalidArgument, "GoodputController: draft_tree_width must be >= 1, got ",
                         config_.draft_tree_width);
@@ -71,9 +73,10 @@ Status GoodputController::validate_config() const {
   return Status::Ok();
 }
 
-StepCostModel GoodputController::costs(double reference, int64_t base_tokens) const {
+StepCostModel GoodputController::costs(double reference, int64_t base_tokens, int64_t requests) const {
   const int64_t limit = base_tokens > 0 ? target_.explored_limit(base_tokens) : 0;
-  return StepCostModel{&target_, uses_draft() ? &draft_view_ : nullptr, overhead_, reference, limit};
+  return StepCostModel{&target_,          uses_draft() ? &draft_view_ : nullptr, overhead_.fixed(requests), reference,
+                       limit,             overhead_.speculation_costs()};
 }
 
 std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap, bool explore,
@@ -151,7 +154,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   for (std::size_t i = 0; i < n; ++i) typical_step.add(1, all[i], config_.proposer_uses_draft, drafting_in_sync, all_allowed);
   const Span<const SpecRequest> typical_requests = typical_step.finish();
   Allocation steady;
-  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n)), &steady));
+  SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n), static_cast<int64_t>(n)), &steady));
   const double price = this->price(steady.goodput);
   last_g_star_ = steady.goodput;
   last_price_ = price;
@@ -165,7 +168,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   if (typical && draft_ok && price >= steady.goodput) {
     plan = std::move(steady);
   } else if (typical && draft_ok) {
-    SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(price, static_cast<int64_t>(n)), &plan));
+    SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(price, static_cast<int64_t>(n), static_cast<int64_t>(n)), &plan));
   } else {
     // Requests may use the draft model where their catch-up pays (rule 4) and the backlog allows.
     const std::vector<bool> invest = draft_ok ? worth_catching_up(batch, all, steady) : std::vector<bool>(n, false);
@@ -187,7 +190,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     }
     int64_t base_total = 0;
     for (const ControllerRequest& r : batch) base_total += r.base_tokens;
-    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(price, base_total), &plan));
+    SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(price, base_total, static_cast<int64_t>(n)), &plan));
   }
   for (std::size_t i = 0; i < n; ++i) {
     ControllerDecision& d = (*decisions_out)[i];
@@ -232,7 +235,7 @@ bool GoodputController::draft_serves_backlog(Span<const Gains> all, double price
     for (const Gains& g : all) step.add(1, g, config_.proposer_uses_draft, in_sync, allowed);
     Allocation plan;
     *drafts = false;
-    if (!optimize_goodput(step.finish(), costs(price, n), &plan).ok() || !(plan.expected_seconds > 0)) return 0.0;
+    if (!optimize_goodput(step.finish(), costs(price, n, n), &plan).ok() || !(plan.expected_seconds > 0)) return 0.0;
     double drafted = 0.0;  // tokens of the requests that draft with the draft model
     for (std::size_t i = 0; i < all.size(); ++i)
       if (plan.k[i] > 0 && plan.option[i] == draft_proposer_)
@@ -270,7 +273,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     for (std::size_t i = 0; i < n; ++i) future.add(1, all[i], config_.proposer_uses_draft, in_sync, allowed);
     for (std::size_t i = n; i < static_cast<std::size_t>(forecast); ++i)
       future.add(1, prior, config_.proposer_uses_draft, in_sync, allowed);
-    if (optimize_goodput(future.finish(), costs(0.0, forecast), &forecast_plan).ok()) plan = &forecast_plan;
+    if (optimize_goodput(future.finish(), costs(0.0, forecast, forecast), &forecast_plan).ok()) plan = &forecast_plan;
   }
   const int32_t d = draft_proposer_;
   const double goodput = plan->goodput;
@@ -280,6 +283,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     users += (plan->k[i] > 0 && plan->option[i] == d) ? 1 : 0;
   }
   const double draft_token = std::max(0.0, draft_view_.predict(users + 1) - draft_view_.predict(users));
+  const HostCosts host = overhead_.speculation_costs();
   // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
   // do, scaled by the two models' forward times; before the draft was ever timed, as much as
   // the target's (the first catch-up is not free: on a CPU it can take seconds).
@@ -300,7 +304,9 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
     const int32_t k = plan->k[i];
     if (plan->option[i] != d || k == 0 || goodput <= 0) continue;
     const double extra = sum_first(all[i][static_cast<std::size_t>(d)], k);
-    const double delta = std::max(0.0, target_.predict(verified) - target_.predict(verified - k)) + k * draft_token;
+    // Its marginal time per step: the target's, the draft's and the host's for its k drafts.
+    const double delta = std::max(0.0, target_.predict(verified) - target_.predict(verified - k)) + k * draft_token +
+                         k * host.per_draft_token + host.per_drafting_request;
     const double per_step = extra / goodput - delta;
     const double steps_left = static_cast<double>(batch[i].remaining_tokens) / (1.0 + extra);
     const int64_t base = users + 1;
@@ -396,7 +402,9 @@ Status GoodputController::size_trees(Span<const TreeSizingRequest> trees, int64_
              {}, {});
   Allocation plan;
   const int64_t base_total = static_cast<int64_t>(n) + other_tokens;
-  SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), costs(last_price_, base_total), &plan));
+  StepCostModel cost = costs(last_price_, base_total, static_cast<int64_t>(n));
+  cost.host.per_drafting_request = cost.host.per_draft_forward = 0.0;  // spent (header, "Host time")
+  SPECD_RETURN_IF_ERROR(optimize_goodput(step.finish(), cost, &plan));
   sizings_out->assign(n, TreeSizing{});
   for (std::size_t i = 0; i < n; ++i) {
     TreeSizing& out = (*sizings_out)[i];
@@ -427,11 +435,11 @@ Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, doub
   return (kind == ForwardKind::kTarget ? target_ : draft_).observe(tokens, seconds);
 }
 
-void GoodputController::observe_overhead(double seconds) {
+Status GoodputController::observe_overhead(double seconds, const StepShape& shape) {
+  SPECD_RETURN_IF_ERROR(validate_config());
+  SPECD_RETURN_IF_ERROR(overhead_.observe(shape, seconds));
   load_.tick(seconds);
-  const double keep = steps_ > 0 ? config_.overhead_decay : 0.0;
-  overhead_ = keep * overhead_ + (1 - keep) * std::max(0.0, seconds);
-  ++steps_;
+  return Status::Ok();
 }
 
 Status GoodputController::observe_step(int64_t emitted_tokens, double seconds, int64_t waiting) {

@@ -36,6 +36,9 @@ Status validate(Span<const SpecRequest> requests, const StepCostModel& cost) {
   if (cost.max_target_tokens < 0)
     return error_status(StatusCode::kInvalidArgument, "optimize_goodput: max_target_tokens must be >= 0, got ",
                         cost.max_target_tokens);
+  for (double h : {cost.host.per_drafting_request, cost.host.per_draft_token, cost.host.per_draft_forward})
+    if (!(h >= 0.0) || !std::isfinite(h))
+      return error_status(StatusCode::kInvalidArgument, "optimize_goodput: host costs must be finite and >= 0, got ", h);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const SpecRequest& r = requests[i];
     if (r.base_tokens < 1)
@@ -81,7 +84,9 @@ class StepState {
   }
 
   double tokens() const { return tokens_; }
-  double seconds() const { return std::max(cost_.fixed_seconds + target_seconds_ + draft_seconds_, kTiny); }
+  double seconds() const {
+    return std::max(cost_.fixed_seconds + target_seconds_ + draft_seconds_ + host_seconds_, kTiny);
+  }
   int32_t k(std::size_t i) const { return k_[i]; }
   const std::vector<int32_t>& ks() const { return k_; }
 
@@ -93,7 +98,7 @@ class StepState {
     if (opt->uses_draft_model && static_cast<int32_t>(k) + 1 > prepaid_) return false;
     if (cost_.max_target_tokens > 0 && target_tokens_ + 1 > cost_.max_target_tokens) return false;
     *gain = opt->gains[k];
-    double d = next_target_ - target_seconds_;
+    double d = next_target_ - target_seconds_ + host_cost(k);
     if (opt->uses_draft_model) {
       const std::size_t j = k + 1;
       d += draft_cost(j, draft_tokens_[j] + draft_forward_tokens(*opt, j)) - draft_cost(j, draft_tokens_[j]);
@@ -113,6 +118,7 @@ class StepState {
     ++target_tokens_;
     target_seconds_ = next_target_;
     next_target_ = cost_.target->predict(target_tokens_ + 1);
+    host_seconds_ += host_cost(static_cast<std::size_t>(k_[i]));
     tokens_ += gain;
     ++k_[i];
   }
@@ -122,8 +128,14 @@ class StepState {
   // when empty (their fixed cost is what the outer search over depths decides about).
   double draft_cost(std::size_t j, int64_t tokens) const {
     if (cost_.draft == nullptr) return 0.0;
-    if (static_cast<int32_t>(j) <= prepaid_) return cost_.draft->predict(std::max<int64_t>(tokens, 1));
-    return tokens > 0 ? cost_.draft->predict(tokens) : 0.0;
+    const double per_forward = cost_.host.per_draft_forward;
+    if (static_cast<int32_t>(j) <= prepaid_) return cost_.draft->predict(std::max<int64_t>(tokens, 1)) + per_forward;
+    return tokens > 0 ? cost_.draft->predict(tokens) + per_forward : 0.0;
+  }
+  // Host seconds of a request's draft number k + 1 (its first one also makes it a drafting
+  // request).
+  double host_cost(std::size_t k) const {
+    return cost_.host.per_draft_token + (k == 0 ? cost_.host.per_drafting_request : 0.0);
   }
 
   Span<const SpecRequest> requests_;
@@ -137,6 +149,7 @@ class StepState {
   double target_seconds_ = 0;  // target.predict(target_tokens_)
   double next_target_ = 0;     // target.predict(target_tokens_ + 1)
   double draft_seconds_ = 0;   // sum of draft_cost over the forwards
+  double host_seconds_ = 0;    // host time of the drafts taken (host_cost)
 };
 
 // The totals of an allocation with fixed options (expected tokens, verified tokens, drafted
@@ -147,7 +160,7 @@ class AllocationTotals {
  public:
   struct Change {
     std::size_t request = 0;
-    int32_t delta = 0;  // +1 or -1
+    int32_t delta = 0;  // drafts added (> 0) or removed (< 0)
   };
 
   // `k` must be allowed by `option` (0 <= k <= its gains; 0 without an option).
@@ -160,8 +173,10 @@ class AllocationTotals {
     draft_.assign(depth + 1, 0);
     for (std::size_t i = 0; i < requests.size(); ++i) {
       tokens_ += 1.0;
+      base_ += requests[i].base_tokens;
       verified_ += requests[i].base_tokens + k[i];
       drafted_ += k[i];
+      drafting_ += k[i] > 0 ? 1 : 0;
       const SpecOption* opt = option_of(requests[i], option[i]);
       for (int32_t j = 0; j < k[i]; ++j) tokens_ += opt->gains[static_cast<std::size_t>(j)];
       if (opt != nullptr && opt->uses_draft_model)
@@ -188,20 +203,29 @@ class AllocationTotals {
   // Expected tokens and seconds after `changes` (allowed ones; none: the allocation itself).
   void totals_after(std::initializer_list<Change> changes, double* tokens, double* seconds) {
     double e = tokens_;
-    int64_t verified = verified_;
+    int64_t verified = verified_, drafting = drafting_;
     touched_.clear();
     for (const Change& c : changes) {
       const SpecOption* opt = option_of(requests_[c.request], option_[c.request]);
-      const std::size_t j = static_cast<std::size_t>(k_[c.request] + (c.delta > 0 ? 1 : 0));  // the draft added or removed
-      e += c.delta * opt->gains[j - 1];
+      const int32_t k = k_[c.request], after = k + c.delta;
+      const int32_t sign = c.delta > 0 ? 1 : -1;
+      // The drafts added or removed: numbers (min(k, after), max(k, after)], 1-based.
+      for (int32_t d = std::min(k, after) + 1; d <= std::max(k, after); ++d) {
+        const auto j = static_cast<std::size_t>(d);
+        e += sign * opt->gains[j - 1];
+        if (opt->uses_draft_model) touched_.push_back({j, sign * draft_forward_tokens(*opt, j)});
+      }
       verified += c.delta;
-      if (opt->uses_draft_model) touched_.push_back({j, c.delta * draft_forward_tokens(*opt, j)});
+      drafting += (after > 0 ? 1 : 0) - (k > 0 ? 1 : 0);
     }
     for (const auto& [j, d] : touched_) draft_[j] += d;
-    double s = cost_.fixed_seconds + cost_.target->predict(verified);
+    const HostCosts& host = cost_.host;
+    double s = cost_.fixed_seconds + cost_.target->predict(verified) +
+               host.per_drafting_request * static_cast<double>(drafting) +
+               host.per_draft_token * static_cast<double>(verified - base_);
     if (cost_.draft != nullptr)
       for (std::size_t j = 1; j < draft_.size(); ++j)
-        if (draft_[j] > 0) s += cost_.draft->predict(draft_[j]);
+        if (draft_[j] > 0) s += cost_.draft->predict(draft_[j]) + host.per_draft_forward;
     for (const auto& [j, d] : touched_) draft_[j] -= d;
     *tokens = e;
     *seconds = std::max(s, kTiny);
@@ -213,7 +237,7 @@ class AllocationTotals {
   Span<const int32_t> option_;
   Span<const int32_t> k_;
   double tokens_ = 0;
-  int64_t verified_ = 0, drafted_ = 0;
+  int64_t base_ = 0, verified_ = 0, drafted_ = 0, drafting_ = 0;  // drafting_: requests with k > 0
   std::vector<int64_t> draft_;  // [depth + 1] tokens of draft forward j (index 0 unused)
   std::vector<std::pair<std::size_t, int64_t>> touched_;
 };
@@ -228,9 +252,25 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
   using Entry = std::pair<double, std::size_t>;  // (gain per second, request)
   std::priority_queue<Entry> heap;
   auto ratio = [](double g, double d) { return d > kTiny ? g / d : g / kTiny; };
+  // A request's first draft also pays its host time as a drafting request (h): it is ranked
+  // by the best average ratio of its first m drafts, (g_1 + ... + g_m) / (d + (m - 1)(d - h)),
+  // so a chain that pays only as a whole is not ranked by its first draft alone. With h = 0
+  // that is g_1 / d (gains never increase): the plain order.
+  const double h = cost.host.per_drafting_request;
+  auto priority = [&](std::size_t i, double g, double d) {
+    const SpecOption* opt = option_of(requests[i], option[i]);
+    if (h <= 0 || state.k(i) != 0 || opt == nullptr) return ratio(g, d);
+    const double next = std::max(0.0, d - h);
+    double best = ratio(g, d), sum = 0;
+    for (std::size_t m = 1; m <= opt->gains.size(); ++m) {
+      sum += opt->gains[m - 1];
+      best = std::max(best, ratio(sum, d + static_cast<double>(m - 1) * next));
+    }
+    return best;
+  };
   for (std::size_t i = 0; i < requests.size(); ++i) {
     double g = 0, d = 0;
-    if (state.next(i, &g, &d) && g > 0) heap.push({ratio(g, d), i});
+    if (state.next(i, &g, &d) && g > 0) heap.push({priority(i, g, d), i});
   }
   std::size_t deepest = 1;
   for (std::size_t i = 0; i < requests.size(); ++i)
@@ -244,7 +284,7 @@ std::vector<int32_t> allocate(Span<const SpecRequest> requests, const StepCostMo
     heap.pop();
     double g = 0, d = 0;
     if (!state.next(i, &g, &d) || g <= 0) continue;
-    const double now = ratio(g, d);
+    const double now = priority(i, g, d);
     if (now < r * (1 - 1e-12)) {  // stale: its cost grew since it was pushed
       heap.push({now, i});
       continue;
@@ -291,14 +331,15 @@ std::vector<int32_t> choose_options(Span<const SpecRequest> requests, const Step
   for (const SpecRequest& r : requests) base += r.base_tokens;
   const double target_token = std::max(0.0, cost.target->predict(base + 1) - cost.target->predict(base));
   const double draft_token = cost.draft ? std::max(0.0, cost.draft->predict(2) - cost.draft->predict(1)) : 0.0;
-  const double draft_fixed = cost.draft ? std::max(0.0, cost.draft->predict(1) - draft_token) : 0.0;
+  const double draft_fixed =
+      cost.draft ? std::max(0.0, cost.draft->predict(1) - draft_token) + cost.host.per_draft_forward : 0.0;
   std::vector<int32_t> option(requests.size(), -1);
   for (std::size_t i = 0; i < requests.size(); ++i) {
     double best = -1;
     for (std::size_t o = 0; o < requests[i].options.size(); ++o) {
       const SpecOption& opt = requests[i].options[o];
       if (opt.uses_draft_model && !allow_draft) continue;
-      const double c = target_token + (opt.uses_draft_model ? draft_token : 0.0);
+      const double c = target_token + cost.host.per_draft_token + (opt.uses_draft_model ? draft_token : 0.0);
       double value = 0;
       int32_t useful = 0;
       for (double g : opt.gains) {
@@ -307,6 +348,7 @@ std::vector<int32_t> choose_options(Span<const SpecRequest> requests, const Step
         ++useful;
       }
       if (opt.uses_draft_model) value -= lambda * draft_fixed * useful / std::max(1, draft_users);
+      if (useful > 0) value -= lambda * cost.host.per_drafting_request;
       if (value > best) {
         best = value;
         option[i] = static_cast<int32_t>(o);
@@ -339,6 +381,7 @@ class DepthBound {
       base_ += requests[i].base_tokens;
       const SpecOption* opt = option_of(requests[i], option[i]);
       if (opt == nullptr) continue;
+      longest_ = std::max<int64_t>(longest_, static_cast<int64_t>(opt->gains.size()));
       for (std::size_t j = 0; j < opt->gains.size(); ++j)
         if (opt->gains[j] > 0) gains_.push_back({opt->gains[j], opt->uses_draft_model ? static_cast<int32_t>(j + 1) : 0});
     }
@@ -366,14 +409,20 @@ class DepthBound {
 
  private:
   double bound(double tokens, int64_t m, int32_t depth, double prepaid, int64_t drafted_with_model) const {
-    double seconds = cost_.fixed_seconds + cost_.target->predict(base_ + m) + prepaid;
+    // Host time: m draft tokens come from at least ceil(m / longest) drafting requests.
+    const HostCosts& host = cost_.host;
+    double seconds = cost_.fixed_seconds + cost_.target->predict(base_ + m) + prepaid +
+                     host.per_draft_token * static_cast<double>(m) +
+                     (m > 0 ? host.per_drafting_request * static_cast<double>((m + longest_ - 1) / longest_) : 0.0);
     if (depth > 0 && cost_.draft != nullptr)
-      seconds += cost_.draft->predict(std::max<int64_t>(1, (drafted_with_model + depth - 1) / depth));
+      seconds += cost_.draft->predict(std::max<int64_t>(1, (drafted_with_model + depth - 1) / depth)) +
+                 host.per_draft_forward * depth;
     return objective(cost_, tokens, std::max(seconds, kTiny));
   }
 
   const StepCostModel& cost_;
   int64_t base_ = 0;
+  int64_t longest_ = 1;  // the most drafts one request may take
   double tokens_ = 0;
   std::vector<std::pair<double, int32_t>> gains_;  // (gain, its draft forward; 0: no draft model), by gain
 };
@@ -409,9 +458,9 @@ Status best_for_options(Span<const SpecRequest> requests, const StepCostModel& c
 // Steps of up to this many requests get their allocation polished by local search.
 constexpr std::size_t kPolishLimit = 16;
 
-// Hill climbing from `best` over single moves (one draft more or fewer for a request, or
-// one draft moved from one request to another) with the options fixed, taking the best
-// improving move until none improves. The greedy's prefix is exact for linear costs; on
+// Hill climbing from `best` over single moves (a request's k set to any other value it
+// allows, or one draft moved from one request to another) with the options fixed, taking the
+// best improving move until none improves. The greedy's prefix is exact for linear costs; on
 // measured non-convex curves the best set is not always a prefix of its order (a deep
 // chain for one request can beat a draft each for two).
 Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Allocation* best) {
@@ -419,8 +468,12 @@ Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Alloc
   for (int round = 0; round < 64; ++round) {
     AllocationTotals totals(requests, cost, best->option, best->k);
     double best_value = best->objective;
-    std::size_t from = n, to = n;  // the best move: from's k - 1 (n: none), to's k + 1 (n: none)
-    auto consider = [&](std::initializer_list<AllocationTotals::Change> changes, std::size_t f, std::size_t t) {
+    // The best move: from == to: request from's k set to set_to; else one draft moved from
+    // `from` to `to`; from == n: none.
+    std::size_t from = n, to = n;
+    int32_t set_to = 0;
+    auto consider = [&](std::initializer_list<AllocationTotals::Change> changes, std::size_t f, std::size_t t,
+                        int32_t k) {
       if (!totals.allows(changes)) return;
       double tokens = 0, seconds = 0;
       totals.totals_after(changes, &tokens, &seconds);
@@ -429,17 +482,27 @@ Status polish(Span<const SpecRequest> requests, const StepCostModel& cost, Alloc
         best_value = value;
         from = f;
         to = t;
+        set_to = k;
       }
     };
     for (std::size_t i = 0; i < n; ++i) {
-      consider({{i, 1}}, n, i);
-      consider({{i, -1}}, i, n);
+      // Request i's k set to any other value (one draft more or fewer among them): a
+      // drafting request's host time is paid once, so dropping or starting a whole chain
+      // can pay where no single draft does.
+      const SpecOption* opt = option_of(requests[i], best->option[i]);
+      const int32_t cap = opt ? static_cast<int32_t>(opt->gains.size()) : 0;
+      for (int32_t k = 0; k <= cap; ++k)
+        if (k != best->k[i]) consider({{i, k - best->k[i]}}, i, i, k);
       for (std::size_t j = 0; j < n; ++j)
-        if (j != i) consider({{i, -1}, {j, 1}}, i, j);
+        if (j != i) consider({{i, -1}, {j, 1}}, i, j, 0);
     }
-    if (from == n && to == n) break;
-    if (from < n) --best->k[from];
-    if (to < n) ++best->k[to];
+    if (from == n) break;
+    if (from == to) {
+      best->k[from] = set_to;
+    } else {
+      --best->k[from];
+      ++best->k[to];
+    }
     double tokens = 0, seconds = 0;
     SPECD_RETURN_IF_ERROR(evaluate_allocation(requests, cost, best->k, best->option, &tokens, &seconds));
     best->objective = objective(cost, tokens, seconds);

@@ -55,7 +55,7 @@ int main() {
 
   const int32_t k_max = 6;
   specd::StepPlanner planner(bm.get(), specd::StepPlannerConfig{8, 256, true, k_max});
-  specd::GoodputController controller(specd::GoodputControllerConfig{{true}, k_max, 0.9, {}});
+  specd::GoodputController controller(specd::GoodputControllerConfig{{true}, k_max});
 
   std::mt19937 rng(2024);
   std::unordered_map<specd::RequestId, Request> requests;
@@ -120,7 +120,15 @@ int main() {
       seconds += t;
       if (auto s = controller.observe_forward(specd::ForwardKind::kDraft, n, t); !s.ok()) return fail(s, "observe"), 1;
     }
-    controller.observe_overhead(0.0005);
+    // The step's time outside the forwards, with what it did (the controller learns the host
+    // time speculation adds: overhead_model.h).
+    specd::StepShape shape{static_cast<int64_t>(plan.items.size()), 0, 0, draft_depth};
+    for (const specd::WorkPlan& w : plan.items) {
+      shape.drafting_requests += w.k > 0 ? 1 : 0;
+      shape.draft_tokens += w.k;
+    }
+    const double host = 0.0003 + 0.00005 * static_cast<double>(shape.drafting_requests);
+    if (auto s = controller.observe_overhead(host, shape); !s.ok()) return fail(s, "observe_overhead"), 1;
 
     // Verify and commit: the engine's rules (accepted drafts, then the bonus token).
     int64_t emitted = 0;

@@ -15,6 +15,7 @@
 #include "specd/cost_model.h"
 #include "specd/goodput_controller.h"
 #include "specd/goodput_optimizer.h"
+#include "specd/overhead_model.h"
 
 namespace py = pybind11;
 
@@ -30,7 +31,10 @@ struct PyRequest {
 };
 
 py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& target, const CostModel* draft,
-                  double fixed_seconds, double reference_goodput) {
+                  double fixed_seconds, double reference_goodput, const std::vector<double>& host) {
+  if (!host.empty() && host.size() != 3)
+    raise_status(error_status(StatusCode::kInvalidArgument, "optimize_goodput: host must be (per_drafting_request, "
+                              "per_draft_token, per_draft_forward) seconds, got ", host.size(), " values"));
   std::vector<std::vector<SpecOption>> options(requests.size());
   std::vector<SpecRequest> reqs(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
@@ -43,7 +47,9 @@ py::dict optimize(const std::vector<PyRequest>& requests, const CostModel& targe
     reqs[i] = SpecRequest{r.base_tokens, Span<const SpecOption>(options[i])};
   }
   Allocation a;
-  check(optimize_goodput(reqs, StepCostModel{&target, draft, fixed_seconds, reference_goodput}, &a));
+  StepCostModel cost{&target, draft, fixed_seconds, reference_goodput};
+  if (!host.empty()) cost.host = HostCosts{host[0], host[1], host[2]};
+  check(optimize_goodput(reqs, cost, &a));
   py::dict d;
   d["k"] = a.k;
   d["option"] = a.option;
@@ -111,16 +117,38 @@ void bind_controller(py::module_& m) {
       .def("remove", &AcceptanceEstimator::remove, py::arg("request"));
 
   m.def("optimize_goodput", &optimize, py::arg("requests"), py::arg("target"), py::arg("draft") = nullptr,
-        py::arg("fixed_seconds") = 0.0, py::arg("reference_goodput") = 0.0,
+        py::arg("fixed_seconds") = 0.0, py::arg("reference_goodput") = 0.0, py::arg("host") = std::vector<double>{},
         "Draft tokens per request maximizing expected goodput (goodput_optimizer.h); with reference_goodput G > 0, "
-        "maximizing E - G T instead. Returns a dict with k, option, expected_tokens, expected_seconds, goodput, "
-        "plain_goodput, objective, draft_depth.");
+        "maximizing E - G T instead. host: the host seconds speculation adds per drafting request, per draft "
+        "token and per draft forward (default none). Returns a dict with k, option, expected_tokens, "
+        "expected_seconds, goodput, plain_goodput, objective, draft_depth.");
+
+  py::class_<OverheadModel>(m, "OverheadModel",
+                            "Host time per step outside the forwards by step shape, learned online (overhead_model.h).")
+      .def(py::init<>())
+      .def("observe", [](OverheadModel& o, double seconds, int64_t requests, int64_t drafting_requests,
+                         int64_t draft_tokens, int64_t draft_forwards) {
+        check(o.observe(StepShape{requests, drafting_requests, draft_tokens, draft_forwards}, seconds));
+      }, py::arg("seconds"), py::arg("requests"), py::arg("drafting_requests") = 0, py::arg("draft_tokens") = 0,
+         py::arg("draft_forwards") = 0)
+      .def("predict", [](const OverheadModel& o, int64_t requests, int64_t drafting_requests, int64_t draft_tokens,
+                         int64_t draft_forwards) {
+        return o.predict(StepShape{requests, drafting_requests, draft_tokens, draft_forwards});
+      }, py::arg("requests"), py::arg("drafting_requests") = 0, py::arg("draft_tokens") = 0,
+         py::arg("draft_forwards") = 0)
+      .def("fixed", &OverheadModel::fixed, py::arg("requests"), "the part that does not depend on speculation")
+      .def_property_readonly("coefficients", [](const OverheadModel& o) {
+        const auto& c = o.coefficients();
+        return std::vector<double>(c.begin(), c.end());
+      }, "[per step, per request, per drafting request, per draft token, per draft forward] seconds")
+      .def_property_readonly("has_data", &OverheadModel::has_data)
+      .def_property_readonly("samples", &OverheadModel::samples);
 
   py::class_<GoodputController>(m, "GoodputController",
                                 "Per-step k and proposer per request maximizing goodput, learned online "
                                 "(goodput_controller.h).")
       .def(py::init([](std::vector<bool> proposer_uses_draft, int32_t k_max, int32_t draft_tree_width) {
-        GoodputControllerConfig config{std::move(proposer_uses_draft), k_max, 0.9, {}};
+        GoodputControllerConfig config{std::move(proposer_uses_draft), k_max};
         config.draft_tree_width = draft_tree_width;
         return GoodputController(std::move(config));
       }), py::arg("proposer_uses_draft"), py::arg("k_max") = 8, py::arg("draft_tree_width") = 1)
@@ -185,7 +213,13 @@ void bind_controller(py::module_& m) {
           raise_status(error_status(StatusCode::kInvalidArgument, "model must be 'target' or 'draft', got '", model, "'"));
         check(c.observe_forward(model == "target" ? ForwardKind::kTarget : ForwardKind::kDraft, tokens, seconds));
       }, py::arg("model"), py::arg("tokens"), py::arg("seconds"))
-      .def("observe_overhead", &GoodputController::observe_overhead, py::arg("seconds"))
+      .def("observe_overhead", [](GoodputController& c, double seconds, int64_t requests, int64_t drafting_requests,
+                                  int64_t draft_tokens, int64_t draft_forwards) {
+        check(c.observe_overhead(seconds, StepShape{requests, drafting_requests, draft_tokens, draft_forwards}));
+      }, py::arg("seconds"), py::arg("requests"), py::arg("drafting_requests"), py::arg("draft_tokens"),
+         py::arg("draft_forwards"),
+         "One step's time outside the forwards and what it did: requests run, requests drafting, draft tokens "
+         "verified, draft forwards (overhead_model.h).")
       .def("observe_step", [](GoodputController& c, int64_t tokens, double seconds, int64_t waiting) {
         check(c.observe_step(tokens, seconds, waiting));
       }, py::arg("tokens"), py::arg("seconds"), py::arg("waiting"),
@@ -196,7 +230,8 @@ void bind_controller(py::module_& m) {
       .def("forecast_batch", [](const GoodputController& c, int32_t current) {
         return c.load().batch(current, c.target_costs());
       }, py::arg("current"), "The load forecast's decode batch (load_forecast.h).")
-      .def_property_readonly("overhead", &GoodputController::overhead)
+      .def_property_readonly("overhead", &GoodputController::overhead, py::return_value_policy::reference_internal,
+                             "The learned host time by step shape (OverheadModel).")
       .def_property_readonly("long_run_goodput", &GoodputController::long_run_goodput,
                              "Emitted tokens per second over the steps observed (decayed); 0 before any.")
       .def_property_readonly("backlog_share", &GoodputController::backlog_share,

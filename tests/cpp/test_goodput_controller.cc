@@ -20,13 +20,20 @@ double knee_seconds(int64_t tokens, double base, int64_t knee, double per_token)
   return base + static_cast<double>(std::max<int64_t>(0, tokens - knee)) * per_token;
 }
 
+// A host time of `seconds` per step whatever the step does: plain steps of 1 and 64 requests
+// measured alike (overhead_model.h).
+void constant_overhead(GoodputController* c, double seconds) {
+  EXPECT_TRUE(c->observe_overhead(seconds, StepShape{1, 0, 0, 0}).ok());
+  EXPECT_TRUE(c->observe_overhead(seconds, StepShape{64, 0, 0, 0}).ok());
+}
+
 void teach(GoodputController* c, double target_base, double per_token, double draft_base) {
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256, 512, 1024}) {
       SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kTarget, n, knee_seconds(n, target_base, 64, per_token)));
       SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, knee_seconds(n, draft_base, 64, per_token / 5)));
     }
-  c->observe_overhead(0.0005);
+  constant_overhead(c, 0.0005);
 }
 
 CostModel flat_target() {
@@ -41,7 +48,7 @@ CostModel flat_target() {
 // = 0): its decisions start from the prior, for the tests of rules that exploration would
 // blur in their first steps (the prior's price of time, catch-ups, tree sizes).
 GoodputControllerConfig unexplored_config(std::vector<bool> uses_draft, int32_t k_max) {
-  GoodputControllerConfig config{std::move(uses_draft), k_max, 0.9, {}};
+  GoodputControllerConfig config{std::move(uses_draft), k_max};
   config.acceptance.exploration_trials = 0.0;
   return config;
 }
@@ -102,13 +109,13 @@ TEST(LoadForecast, RulesOfTheHeader) {
 }
 
 TEST(GoodputController, UselessProposerGoesToZeroGoodOneIsUsed) {
-  GoodputController bad(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController bad(GoodputControllerConfig{{true}, 8});
   teach(&bad, 0.020, 0.00025, 0.004);
   std::vector<int32_t> ks;
   run_steps(&bad, decode_batch(4, 8), 0.0, 12, &ks);
   EXPECT_EQ(std::vector<int32_t>(ks.end() - 4, ks.end()), std::vector<int32_t>(4, 0));
 
-  GoodputController good(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController good(GoodputControllerConfig{{true}, 8});
   teach(&good, 0.020, 0.00025, 0.004);
   ks.clear();
   run_steps(&good, decode_batch(4, 8), 0.9, 12, &ks);
@@ -117,7 +124,7 @@ TEST(GoodputController, UselessProposerGoesToZeroGoodOneIsUsed) {
 
 TEST(GoodputController, ComputeBoundVerificationTurnsSpeculationOff) {
   // Every verified token costs as much as a whole memory-bound step would: no draft pays.
-  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{false}, 8});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.01 * n));
   std::vector<int32_t> ks;
@@ -125,12 +132,69 @@ TEST(GoodputController, ComputeBoundVerificationTurnsSpeculationOff) {
   EXPECT_EQ(std::vector<int32_t>(ks.end() - 4, ks.end()), std::vector<int32_t>(4, 0));
 }
 
+// The host time outside the forwards depends on what a step does (overhead_model.h): here a
+// drafting request costs `per_drafting` seconds and a draft token `per_token` on top of a
+// plain step's 0.5 ms. The controller learns that from each step's shape and prices it, so
+// drafting stops where the host time eats the gain, on a GPU-like target whose verification
+// is free; with a cheap host it goes on. (A step-overhead average would charge plain
+// decoding the same time and cancel out of the comparison: drafting would look free.)
+void run_steps_with_host(GoodputController* c, std::vector<ControllerRequest> batch, double alpha, int steps,
+                         double per_drafting, double per_token, std::vector<int32_t>* ks) {
+  int draw = 0;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<ControllerDecision> d;
+    SPECD_ASSERT_OK(c->decide(batch, &d));
+    StepShape shape{static_cast<int64_t>(batch.size()), 0, 0, 0};
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      ks->push_back(d[i].k);
+      if (d[i].k == 0) continue;
+      ++shape.drafting_requests;
+      shape.draft_tokens += d[i].k;
+      int accepted = 0;
+      while (accepted < d[i].k && (draw++ % 10) < static_cast<int>(alpha * 10 + 0.5)) ++accepted;
+      SPECD_ASSERT_OK(c->observe(batch[i].id, d[i].proposer, d[i].k, accepted));
+    }
+    const double host = 0.0005 + per_drafting * static_cast<double>(shape.drafting_requests) +
+                        per_token * static_cast<double>(shape.draft_tokens);
+    SPECD_ASSERT_OK(c->observe_overhead(host, shape));
+  }
+}
+
+TEST(GoodputController, LearnsAndPricesTheHostTimeOfSpeculation) {
+  auto flat_gpu = [](GoodputController* c) {
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kTarget, n, 0.0024));
+  };
+  // 8 requests at acceptance 0.6: two drafts each add 0.96 tokens for 1.1 ms of host time,
+  // while plain decoding earns 8 tokens per 2.9 ms (2.3 tokens per 0.83 ms): not worth it.
+  GoodputController dear(GoodputControllerConfig{{false}, 4});
+  flat_gpu(&dear);
+  std::vector<int32_t> ks;
+  run_steps_with_host(&dear, decode_batch(8, 4), 0.6, 60, 0.001, 0.00005, &ks);
+  EXPECT_GT(std::count_if(ks.begin(), ks.begin() + 16, [](int32_t k) { return k > 0; }), 0);  // it tried
+  EXPECT_EQ(std::vector<int32_t>(ks.end() - 8, ks.end()), std::vector<int32_t>(8, 0));
+  // What it learnt: the steps it ran (k = 4 for all, then plain) priced as measured.
+  EXPECT_NEAR(dear.overhead().predict(StepShape{8, 8, 32, 0}), 0.0101, 0.0005);
+  EXPECT_NEAR(dear.overhead().fixed(8), 0.0005, 0.0001);
+  // The same with 20 us per drafting request and 5 us per draft token: drafting pays.
+  GoodputController cheap(GoodputControllerConfig{{false}, 4});
+  flat_gpu(&cheap);
+  ks.clear();
+  run_steps_with_host(&cheap, decode_batch(8, 4), 0.6, 60, 0.00002, 0.000005, &ks);
+  EXPECT_EQ(std::count_if(ks.end() - 8, ks.end(), [](int32_t k) { return k > 0; }), 8);
+  // Bad step shapes are errors, and nothing is learnt from them.
+  const int64_t samples = cheap.overhead().samples();
+  SPECD_EXPECT_CODE(cheap.observe_overhead(0.001, StepShape{4, -1, 0, 0}), kInvalidArgument);
+  SPECD_EXPECT_CODE(cheap.observe_overhead(-0.001, StepShape{4, 0, 0, 0}), kInvalidArgument);
+  EXPECT_EQ(cheap.overhead().samples(), samples);
+}
+
 // A CPU-like target: plain decoding (1 token) and a prompt (104 tokens) were measured, and
 // their line says 2 tokens cost 1.05x one, but really they cost 2x. The controller bets at
 // most twice what it measured: k = 1 first (not the k >= 3 the line would buy), then at most
 // 4 tokens, and once those sizes are measured (here a 4-token forward costs 4x one), none.
 TEST(GoodputController, ExploresTheCostCurveByDoublings) {
-  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{true}, 8});
   SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 104, 2.44));
   SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 1, 0.37));
   SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 1, 0.136));
@@ -192,7 +256,7 @@ TEST(GoodputController, TheCatchUpsForecastPlanStaysWithinMeasuredSizes) {
         for (int64_t n : {64, 128, 192, 256})  // on the line through the prefills
           SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.00413 + (n - 179) * (0.01029 - 0.00413) / 659));
     }
-    c.observe_overhead(0.0008);
+    constant_overhead(&c, 0.0008);
     std::vector<int32_t> warm;
     run_steps(&c, decode_batch(8, 8, 1, 100), 0.8, 10, &warm);  // 8 requests in sync
     c.observe_load(0, 64);
@@ -228,7 +292,7 @@ TEST(GoodputController, CatchUpIsPricedByTheDraftsOwnCurveWhereTimed) {
         if (n <= timed_up_to)
           SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, knee_seconds(n, 0.004, 64, 0.00001)));
       }
-    c.observe_overhead(0.0005);
+    constant_overhead(&c, 0.0005);
     std::vector<int32_t> warm;
     run_steps(&c, decode_batch(1, 8, 1, 100), 0.8, 10, &warm);
     std::vector<ControllerDecision> d;
@@ -241,7 +305,7 @@ TEST(GoodputController, CatchUpIsPricedByTheDraftsOwnCurveWhereTimed) {
 
 TEST(GoodputController, PredictedTokensAndProposerPerRequest) {
   // Proposer 0 (model-free) works for request 1 only, proposer 1 (draft model) for request 2.
-  GoodputController c(GoodputControllerConfig{{false, true}, 6, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{false, true}, 6});
   teach(&c, 0.020, 0.00025, 0.001);  // a cheap draft: worth its forwards where it works
   const std::vector<ControllerRequest> batch{{1, 1, 6, 1, 500}, {2, 1, 6, 1, 500}};
   for (int s = 0; s < 30; ++s) {
@@ -268,7 +332,7 @@ TEST(GoodputController, ASwitchedOffRequestIsRetriedLater) {
   // request 8 keeps high), so it is tried again within a bounded number of steps.
   // Verified tokens cost 2 ms each (a compute-bound target), so a draft must be accepted
   // with probability ~0.4 or more to pay.
-  GoodputController c(GoodputControllerConfig{{false}, 4, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{false}, 4});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.002 * n));
   for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(c.observe(9, 0, 4, 4));  // the global rate settles high
@@ -367,7 +431,7 @@ TEST(GoodputController, NodeProbabilitiesSizeEachRequestsTree) {
 // G_run are bought. Without a backlog G* stays the price (the running requests' latency),
 // and a G_run above G* never raises it.
 TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
-  GoodputController c(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{false}, 8});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.020 + 0.012 * n));
   // Three requests decoding plainly: G* = 3 / 0.056 s = 54 tokens/s, so a verified token
@@ -426,11 +490,11 @@ TEST(GoodputController, BacklogPricesTimeAtTheLongRunGoodput) {
   SPECD_EXPECT_CODE(c.observe_step(1, -0.1, 0), kInvalidArgument);
   SPECD_EXPECT_CODE(c.observe_step(1, std::nan(""), 0), kInvalidArgument);
   SPECD_EXPECT_CODE(c.observe_step(1, 0.1, -2), kInvalidArgument);
-  GoodputControllerConfig bad{{false}, 8, 0.9, {}};
+  GoodputControllerConfig bad{{false}, 8};
   bad.long_run_decay = 1.0;
   // While the engine fills up (fewer requests finished than its batch limit) G_run counts
   // prefills of tokens still to come: the price stays G*.
-  GoodputController filling(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  GoodputController filling(GoodputControllerConfig{{false}, 8});
   for (int i = 0; i < 300; ++i) SPECD_ASSERT_OK(filling.observe_step(3, 0.150, 5));
   filling.observe_load(5, 4);
   for (RequestId id = 100; id < 103; ++id) filling.forget(id, 10);
@@ -460,7 +524,7 @@ TEST(GoodputController, TheDraftModelIsRuledOutWhereItSlowsTheBacklog) {
           SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.0024 + 0.00001 * static_cast<double>(n)));
           SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, draft_base + draft_token * static_cast<double>(n)));
         }
-      c.observe_overhead(0.0008);
+      constant_overhead(&c, 0.0008);
       std::vector<int32_t> warm;
       run_steps(&c, decode_batch(1, 8, 1, 1000), cheap ? 0.9 : 0.8, 20, &warm);  // the acceptance
       c.observe_load(queued ? 128 : 0, 64);
@@ -563,7 +627,7 @@ TEST(GoodputController, SizesDraftTreesFromPerDepthAcceptance) {
   trees[1] = TreeSizingRequest{1, probs, short_parents, 4};
   SPECD_EXPECT_CODE(c.size_trees(trees, 0, &sized), kInvalidArgument);
   SPECD_EXPECT_CODE(c.size_trees({}, -1, &sized), kInvalidArgument);
-  GoodputController model_free(GoodputControllerConfig{{false}, 8, 0.9, {}});
+  GoodputController model_free(GoodputControllerConfig{{false}, 8});
   SPECD_EXPECT_CODE(model_free.size_trees({}, 0, &sized), kInvalidArgument);
 }
 
@@ -582,7 +646,7 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
         SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kTarget, n, 0.010));
         SPECD_ASSERT_OK(c->observe_forward(ForwardKind::kDraft, n, 0.007));
       }
-    c->observe_overhead(0.0002);
+    constant_overhead(c, 0.0002);
   };
   std::vector<ControllerDecision> d;
   GoodputController prior_only(unexplored_config({true}, 8));
@@ -590,7 +654,7 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   SPECD_ASSERT_OK(prior_only.decide(decode_batch(1, 8), &d));
   EXPECT_EQ(d[0].k, 0);  // judged by the prior alone: never tried
 
-  GoodputController backlogged(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController backlogged(GoodputControllerConfig{{true}, 8});
   teach_ratio(&backlogged);
   backlogged.observe_load(5, 64);  // requests wait for admission: no exploration in this step
   SPECD_ASSERT_OK(backlogged.decide(decode_batch(1, 8), &d));
@@ -600,7 +664,7 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
   EXPECT_GE(d[0].k, 1);
 
   for (const double alpha : {0.9, 0.1}) {
-    GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    GoodputController c(GoodputControllerConfig{{true}, 8});
     teach_ratio(&c);
     std::vector<int32_t> ks;
     run_steps(&c, decode_batch(2, 8, 1, 0), alpha, 60, &ks);
@@ -623,13 +687,13 @@ TEST(GoodputController, TriesAnExpensiveDraftBeforeJudgingIt) {
 // this draft needs: the retry after 16 idle steps measures the proposer again, and drafting
 // resumes for good.
 TEST(GoodputController, AnUnluckyExplorationIsRetried) {
-  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{true}, 8});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.010));
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.007));
     }
-  c.observe_overhead(0.0002);
+  constant_overhead(&c, 0.0002);
   std::vector<int32_t> ks;
   for (int s = 0; s < 100 && !c.estimator().explored(0); ++s)
     run_steps(&c, decode_batch(8, 8, 1, 0), 0.3, 1, &ks);  // exploration: 3 in 10 accepted
@@ -649,13 +713,13 @@ TEST(GoodputController, AnUnluckyExplorationIsRetried) {
 // priced on the data (with these per-token costs a draft token at the prior 0.6 costs more
 // time than it yields at this batch, at the exploring estimate 1 it pays).
 TEST(GoodputController, OnlyTenRequestsOfABatchExplore) {
-  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{true}, 8});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128}) {
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.010 + 0.00025 * static_cast<double>(n)));
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.001 + 0.0001 * static_cast<double>(n)));
     }
-  c.observe_overhead(0.0002);
+  constant_overhead(&c, 0.0002);
   std::vector<ControllerDecision> d;
   SPECD_ASSERT_OK(c.decide(decode_batch(30, 8), &d));
   for (std::size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i].k > 0, i < 10) << i;
@@ -671,11 +735,11 @@ TEST(GoodputController, AnUntimedDraftDraftsTwoTokens) {
   // one-token one); before any timing free while exploring, at the target's cost under a
   // backlog.
   auto fresh = [] {
-    auto c = std::make_unique<GoodputController>(GoodputControllerConfig{{true}, 8, 0.9, {}});
+    auto c = std::make_unique<GoodputController>(GoodputControllerConfig{{true}, 8});
     for (int rep = 0; rep < 3; ++rep)
       for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128})
         EXPECT_TRUE(c->observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.020, 64, 0.00025)).ok());
-    c->observe_overhead(0.0005);
+    constant_overhead(c.get(), 0.0005);
     return c;
   };
   std::vector<ControllerDecision> d;
@@ -703,13 +767,13 @@ TEST(GoodputController, TheTypicalStepFeedsTheDraftTwoTokensPerRequest) {
   // the bonus token, so the typical step (header, rule 3) prices a drafting request's first
   // draft forward at 2 tokens: G* = E / (target(8) + draft(8) + overhead) for 4 requests
   // drafting one token each, not draft(4).
-  GoodputController c(GoodputControllerConfig{{true}, 1, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{true}, 1});
   for (int rep = 0; rep < 3; ++rep)
     for (int64_t n : {1, 2, 4, 8, 16, 32, 64}) {
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, n, 0.003));
       SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, n, 0.001 + 0.0001 * static_cast<double>(n)));
     }
-  c.observe_overhead(0.0005);
+  constant_overhead(&c, 0.0005);
   std::vector<ControllerDecision> d;
   SPECD_ASSERT_OK(c.decide(decode_batch(4, 1), &d));
   double expected = 0;
@@ -721,16 +785,16 @@ TEST(GoodputController, TheTypicalStepFeedsTheDraftTwoTokensPerRequest) {
 }
 
 TEST(GoodputController, ColdStartAndBadInput) {
-  GoodputController c(GoodputControllerConfig{{true}, 8, 0.9, {}});
+  GoodputController c(GoodputControllerConfig{{true}, 8});
   std::vector<ControllerDecision> d;
   SPECD_ASSERT_OK(c.decide(decode_batch(3, 8), &d));  // no costs yet: plain decoding
   for (const ControllerDecision& x : d) EXPECT_EQ(x.k, 0);
   SPECD_EXPECT_CODE(c.decide(std::vector<ControllerRequest>{{1, 0, 8, 1, 10}}, &d), kInvalidArgument);
   SPECD_EXPECT_CODE(c.observe(1, 5, 2, 1), kInvalidArgument);  // no proposer 5
   SPECD_EXPECT_CODE(c.observe_forward(ForwardKind::kTarget, 4, -1.0), kInvalidArgument);
-  GoodputController two_drafts(GoodputControllerConfig{{true, true}, 8, 0.9, {}});
+  GoodputController two_drafts(GoodputControllerConfig{{true, true}, 8});
   SPECD_EXPECT_CODE(two_drafts.decide(decode_batch(1, 8), &d), kInvalidArgument);
-  GoodputController none(GoodputControllerConfig{{}, 8, 0.9, {}});
+  GoodputController none(GoodputControllerConfig{{}, 8});
   SPECD_EXPECT_CODE(none.decide(decode_batch(1, 8), &d), kInvalidArgument);
 }
 

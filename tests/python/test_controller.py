@@ -3,13 +3,16 @@ with a useless proposer (outputs unchanged), speculates with a good one on a mem
 (synthetic GPU) profile but not on a compute-bound one, picks the better proposer per request,
 the switch-off policy, plugin policies from entry points, telemetry, and config errors."""
 
+import dataclasses
 import textwrap
 
 import pytest
 
 import specd
-from specd.engine.policy import Decision
-from specd.engine.timer import GPUProfile, SyntheticTimer
+from specd.engine.policy import Decision, StepShape
+from specd.engine.policies import make_policy
+from specd.engine.policy_trace import TracedPolicy
+from specd.engine.timer import GPUProfile, HostTime, SyntheticTimer
 from test_engine import greedy, prompts_of_mixed_lengths
 
 MEMORY_BOUND = GPUProfile(target_base=0.020, target_knee=256, target_per_token=0.0002,
@@ -279,6 +282,76 @@ def test_the_engine_reports_every_step_for_the_price_of_time(setup):
     assert view["price"] <= view["typical_goodput"] * (1 + 1e-12)
     with pytest.raises(specd.InvalidArgumentError):
         c.observe_step(-1, 0.1, 0)
+
+
+def test_the_engine_reports_each_steps_shape_with_its_host_time(setup):
+    """observe_overhead gets each step's time outside the forwards and its shape: requests run,
+    requests drafting, draft tokens verified, draft forwards; a hook written for the seconds
+    alone still works (overhead_hook)."""
+    target, _, good_draft, prompts, baseline = setup
+    shapes, old_style = [], []
+
+    class Recorder(specd.StaticPolicy):
+        def observe_overhead(self, seconds, shape):
+            shapes.append((seconds, shape))
+
+    class OldStyle(specd.StaticPolicy):
+        def observe_overhead(self, seconds):
+            old_style.append(seconds)
+
+    spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=3)
+    profile = GPUProfile(step_overhead=0.0005)
+    llm = specd.LLM(target, good_draft, spec, policy=Recorder(3, ("draft",)), timer=SyntheticTimer(profile),
+                    max_num_seqs=3)
+    outs = llm.generate(prompts[:3], greedy(max_tokens=20))
+    assert [o.token_ids for o in outs] == [b[:20] for b in baseline[:3]]
+    assert len(shapes) == llm.engine.steps
+    assert all(seconds == pytest.approx(0.0005) for seconds, _ in shapes)  # the profile's constant
+    drafting = [sh for _, sh in shapes if sh.drafting_requests]
+    assert drafting and all(1 <= sh.requests <= 3 and sh.drafting_requests <= sh.requests for sh in drafting)
+    # k = 3 chains of a perfect draft: 3 drafts per drafting request (until max_tokens caps
+    # k), and a draft loop of 3 forwards.
+    full = [sh for sh in drafting if sh.draft_tokens == 3 * sh.drafting_requests]
+    assert len(full) >= len(drafting) // 2 and all(sh.draft_forwards == 3 for sh in full)
+    assert sum(sh.draft_tokens for sh in drafting) == sum(o.metrics.draft_tokens for o in outs)
+    llm = specd.LLM(target, good_draft, spec, policy=OldStyle(3, ("draft",)), timer=SyntheticTimer(profile))
+    assert [o.token_ids for o in llm.generate(prompts[:2], greedy(max_tokens=20))] == [b[:20] for b in baseline[:2]]
+    assert len(old_style) == llm.engine.steps
+
+
+def test_goodput_learns_the_host_time_of_speculation_and_prices_it(setup):
+    """The host time outside the forwards depends on what a step does (synthetic HostTime);
+    the goodput policy learns it by step shape and stops drafting where it eats the gain of a
+    perfect draft on a memory-bound profile, and keeps drafting where it is small. Outputs are
+    identical to plain decoding either way (overhead_model.h)."""
+    target, _, good_draft, prompts, baseline = setup
+    # A perfect draft at 2 ms a forward against a 20 ms target: about 4 ms per drafted token
+    # pays. 25 ms of host time per drafting request does not.
+    dear = HostTime(per_drafting_request=0.025, per_draft_token=0.002)
+    profile = GPUProfile(target_base=0.020, target_knee=256, target_per_token=0.0002, draft_base=0.002,
+                         draft_knee=256, draft_per_token=0.00002, step_overhead=0.0005, host=dear)
+    traced = TracedPolicy(make_policy("goodput", auto("draft")))
+    llm = specd.LLM(target, good_draft, auto("draft"), timer=SyntheticTimer(profile), policy=traced)
+    outs = llm.generate(prompts[:4], greedy(max_tokens=60))
+    assert [o.token_ids[:40] for o in outs] == baseline[:4]
+    # Every step's host time as the policy learnt it: the steps it ran (plain, and the few
+    # drafting shapes it tried) are priced as the profile says.
+    model = traced.inner.overhead
+    steps = [e for e in traced.events if e["call"] == "observe_overhead"]
+    assert len(steps) == llm.engine.steps and any(e["shape"][1] > 0 for e in steps)
+    for e in steps:
+        assert e["seconds"] == pytest.approx(0.0005 + profile.host.seconds(StepShape(*e["shape"])))
+        assert model.predict(*e["shape"]) == pytest.approx(e["seconds"], rel=0.02, abs=2e-5), (e, model.coefficients)
+    late = [k for o in outs for k in o.metrics.k_per_step[15:]]
+    assert sum(k > 0 for k in late) <= 0.1 * len(late), late  # drafting stopped (but for retries)
+    # The same draft with 0.2 ms of host time per drafting request: it drafts on.
+    cheap = dataclasses.replace(profile, host=HostTime(per_drafting_request=0.0002,
+                                                                          per_draft_token=0.00002))
+    llm = specd.LLM(target, good_draft, auto("draft"), timer=SyntheticTimer(cheap))
+    outs = llm.generate(prompts[:4], greedy(max_tokens=60))
+    assert [o.token_ids[:40] for o in outs] == baseline[:4]
+    late = [k for o in outs for k in o.metrics.k_per_step[15:]]
+    assert sum(k > 0 for k in late) >= 0.8 * len(late), late
 
 
 @pytest.mark.parametrize("draft_kind", ["perfect", "one_layer"])

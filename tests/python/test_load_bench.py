@@ -375,6 +375,78 @@ def test_measured_profile_interpolates_the_measured_times(tmp_path):
         MeasuredProfile.load(tmp_path / "missing.json")
 
 
+def test_host_time_by_step_shape_in_synthetic_profiles(tmp_path):
+    """HostTime: the synthetic host time a step's shape adds to the constant step overhead,
+    from a profile's host_ms or given per profile; bad values are errors."""
+    from specd.engine.timer import HostTime, MeasuredProfile
+
+    path = _profile_json(tmp_path / "p.json", [(1, 10.0)], [(1, 3.0)])
+    data = json.loads(path.read_text())
+    data["host_ms"] = {"per_request": 0.02, "per_drafting_request": 0.1, "per_draft_token": 0.01,
+                       "per_draft_forward": 0.15}
+    path.write_text(json.dumps(data))
+    p = MeasuredProfile.load(path)
+    assert p.host.to_ms() == pytest.approx([0.02, 0.1, 0.01, 0.15])
+    timer = SyntheticTimer(p)
+    shape = specd.StepShape(requests=8, drafting_requests=4, draft_tokens=12, draft_forwards=3)
+    assert timer.step_seconds(0.02, shape) == pytest.approx(0.02 + 0.0004 + (8 * 0.02 + 0.4 + 0.12 + 0.45) / 1e3)
+    assert timer.step_seconds(0.02) == pytest.approx(0.0204)  # no shape: the constant alone
+    knee = SyntheticTimer(GPUProfile(step_overhead=0.001, host=HostTime.from_ms([0, 1, 0, 0])))
+    assert knee.step_seconds(0.0, shape) == pytest.approx(0.005)
+    del data["host_ms"]["per_draft_forward"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(specd.InvalidArgumentError, match="host_ms needs"):
+        MeasuredProfile.load(path)
+    with pytest.raises(specd.InvalidArgumentError, match=">= 0"):
+        HostTime(per_draft_token=-1e-3)
+    with pytest.raises(specd.InvalidArgumentError, match="4 values"):
+        HostTime.from_ms([1, 2])
+
+
+def test_traces_record_step_shapes_and_old_traces_replay(tmp_path):
+    """A trace's observe_overhead events carry the step's shape, and a fresh goodput policy
+    learns the same host-time model from them on replay; traces written before shapes (the
+    seconds alone) still replay, and a plugin with the old one-argument hook is fed the
+    seconds."""
+    spec = specd.SpeculationConfig(method="ngram", num_speculative_tokens="auto")
+    traced = TracedPolicy(make_policy("goodput", spec))
+    traced.observe_overhead(0.002, specd.StepShape(4, 2, 6, 0))
+    traced.observe_overhead(0.001, specd.StepShape(4, 0, 0, 0))
+    assert traced.events == [{"call": "observe_overhead", "seconds": 0.002, "shape": [4, 2, 6, 0]},
+                             {"call": "observe_overhead", "seconds": 0.001, "shape": [4, 0, 0, 0]}]
+    fresh = make_policy("goodput", spec)
+    replay(traced.events, fresh)
+    assert fresh.overhead.coefficients == pytest.approx(traced.inner.overhead.coefficients)
+    assert fresh.overhead.predict(4, 2, 6, 0) == pytest.approx(0.002, rel=1e-4)
+    old = make_policy("goodput", spec)
+    replay([{"call": "observe_overhead", "seconds": 0.003}], old)  # no shape: the constant term
+    assert old.overhead.predict(16, 8, 40, 4) == pytest.approx(0.003, rel=1e-4)
+
+    class OldStyle:
+        methods = ("ngram",)
+        seen = []
+
+        def decide(self, batch):
+            return []
+
+        def observe(self, *a):
+            pass
+
+        def observe_forward(self, *a):
+            pass
+
+        def forget(self, *a):
+            pass
+
+        def observe_overhead(self, seconds):
+            self.seen.append(seconds)
+
+    wrapped = TracedPolicy(OldStyle())
+    wrapped.observe_overhead(0.004, specd.StepShape(2, 1, 3, 0))
+    replay(wrapped.events, OldStyle())
+    assert OldStyle.seen == [0.004, 0.004]
+
+
 def test_measured_profile_prices_attention_per_sequence(tmp_path):
     """A profile with single-sequence prefills separates a per-token base from the attention's
     time per attended key, so a forward of several prompts costs what they attend, not what

@@ -1,7 +1,8 @@
 // Goodput controller: per step and per request, the number of draft tokens k (0 included)
 // and the proposer, maximizing expected goodput from acceptance and costs learned online
 // (vLLM RFC #4565 / SmartSpec, automated end to end). It owns the AcceptanceEstimator, the
-// target and draft CostModels, the step-overhead average and the LoadForecast, and asks
+// target and draft CostModels, the OverheadModel (host time by step shape) and the
+// LoadForecast, and asks
 // optimize_goodput (goodput_optimizer.h) for each step's allocation. docs/controller.md has
 // the maths; the Python GoodputPolicy is a thin adapter over this class.
 //
@@ -52,6 +53,13 @@
 //    step spread over the request's remaining steps (1 + ceil(behind / steps left) tokens),
 //    maximizing E - G T at the price G of 3. A typical step (all base 1, all in sync) is
 //    the plan of 3 (at G* that is the step's own optimal E / T).
+// Host time: every plan (the typical step, the step, the catch-up and backlog tests) prices
+//    the time outside the forwards by the OverheadModel learned from observe_overhead's step
+//    shapes (overhead_model.h): the part independent of speculation as the step's fixed time,
+//    and per drafting request, draft token and draft forward what speculation adds
+//    (HostCosts in goodput_optimizer.h). A catch-up's return counts the request's host time
+//    per drafting step. size_trees, after the draft ran, prices only the host time per
+//    verified node (the request's and the forwards' are spent).
 // An untimed draft: until the draft model has been timed at two sizes its costs are a guess
 //    (none, or one size scaled by the target's shape: CostModel::shaped_like). Priced at
 //    nothing (an empty cost model) it would buy the deepest chain for every request on that
@@ -119,6 +127,7 @@
 #include "specd/cost_model.h"
 #include "specd/goodput_optimizer.h"
 #include "specd/load_forecast.h"
+#include "specd/overhead_model.h"
 #include "specd/proposer.h"
 #include "specd/span.h"
 #include "specd/status.h"
@@ -128,8 +137,8 @@ namespace specd {
 struct GoodputControllerConfig {
   std::vector<bool> proposer_uses_draft;  // [num proposers] true for the draft model (at most one)
   int32_t k_max = 8;                      // the largest k of any request
-  double overhead_decay = 0.9;            // weight kept by the step-overhead average
   AcceptanceEstimatorConfig acceptance;
+  OverheadModelConfig overhead;           // the host time by step shape (overhead_model.h)
   double long_run_decay = 0.98;           // weight kept per step by the long-run goodput's sums
   int32_t draft_tree_width = 1;           // > 1: the draft model grows trees of this width (size_trees)
 };
@@ -207,7 +216,9 @@ class GoodputController {
   // of the request's last decide; without one, `predicted`).
   Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
-  void observe_overhead(double seconds);
+  // One step's time outside the forwards, and what the step did (overhead_model.h). Bad
+  // shapes or times are kInvalidArgument (nothing is learnt from them).
+  Status observe_overhead(double seconds, const StepShape& shape);
   // One whole step: the tokens it emitted for all requests (accepted drafts plus bonus
   // tokens; 0 for a prefill-only step), its time (forwards and overhead together) and the
   // requests left waiting for admission after it.
@@ -223,7 +234,7 @@ class GoodputController {
   const AcceptanceEstimator& estimator() const { return estimator_; }
   const CostModel& target_costs() const { return target_; }
   const CostModel& draft_costs() const { return draft_; }
-  double overhead() const { return overhead_; }
+  const OverheadModel& overhead() const { return overhead_; }
   // G_run: emitted tokens per second over the steps observed (decayed); 0 before any.
   double long_run_goodput() const { return run_seconds_ > 0 ? run_tokens_ / run_seconds_ : 0.0; }
   // w: the decayed share of observed steps that left requests waiting (0 before any).
@@ -240,8 +251,9 @@ class GoodputController {
  private:
   Status validate_config() const;
   bool uses_draft() const { return draft_proposer_ >= 0; }
-  // base_tokens > 0: the step's drafts stay within the target's explored_limit from there.
-  StepCostModel costs(double reference, int64_t base_tokens) const;
+  // The optimizer's costs for a step of `requests` requests verifying at least `base_tokens`
+  // (> 0: its drafts stay within the target's explored_limit from there).
+  StepCostModel costs(double reference, int64_t base_tokens, int64_t requests) const;
   // node_probs: as ControllerRequest::node_probs (empty: the acceptance estimates only);
   // explore: the estimator's exploration applies (rule 2).
   std::vector<std::vector<double>> gains(RequestId id, int32_t cap, bool explore,
@@ -257,12 +269,11 @@ class GoodputController {
   AcceptanceEstimator estimator_;
   CostModel target_, draft_;
   CostModel draft_view_;  // what decide() plans with: draft_, or shaped like the target (cost_model.h)
-  double overhead_ = 0.0;
+  OverheadModel overhead_;
   int64_t waiting_ = 0;  // requests waiting for admission at the last observe_load
   int32_t max_batch_ = 0;  // the engine's batch limit at the last observe_load
   int64_t finished_ = 0;   // requests forgotten (finished) so far
   bool draft_guessed_ = true;  // the draft's costs are not yet timed at two sizes (decide)
-  int64_t steps_ = 0;
   // Decayed sums behind long_run_goodput() and backlog_share().
   double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
   double last_g_star_ = 0.0, last_price_ = 0.0;

@@ -14,7 +14,12 @@
 //   one token of each request with k_i >= j ((j - 1) w for a draft tree of width w), except
 //   the first forward, which processes each such request's catch-up tokens (draft_base_i).
 //   T_draft = sum_j draft.predict(tokens_j).
-// - T = fixed_seconds + T_target + T_draft.
+// - Host time outside the forwards (overhead_model.h): fixed_seconds for the step, plus what
+//   speculation adds: host.per_drafting_request for each request with k_i > 0,
+//   host.per_draft_token for each draft token, host.per_draft_forward for each draft forward.
+//   The first draft of a request thus costs more than its next ones; the greedy's look-ahead
+//   and the polish below handle that as they handle the draft loop's fixed costs.
+// - T = fixed_seconds + T_target + T_draft + host.
 //
 // Objective
 // - reference_goodput == 0: maximize the step's own goodput E / T.
@@ -45,10 +50,12 @@
 //   (the largest gains it could take, over the least those forwards and the target can
 //   cost) does not beat the best so far. The greedy's work grows with K, and deep loops
 //   rarely pay on a GPU, where each draft forward has a large fixed cost.
-// - Steps of up to 16 requests are then polished by local search (one draft more or fewer,
-//   or one moved between two requests, until no move helps): on non-convex curves a deep
-//   chain for one request can beat a draft each for two, which no prefix finds. Each move
-//   is scored from the step's totals, which it changes in at most two draft forwards.
+// - Steps of up to 16 requests are then polished by local search (a request's k set to any
+//   other value, or one draft moved between two requests, until no move helps): on
+//   non-convex curves a deep chain for one request can beat a draft each for two, which no
+//   prefix finds, and a drafting request's host time is paid once, so starting or dropping a
+//   whole chain can pay where no single draft does. Each move is scored from the step's
+//   totals, which it changes in at most one chain's draft forwards.
 // - Requests may offer several options (proposers). Options are chosen by each option's net
 //   value sum_j max(0, g_j - lambda c_j) at goodput lambda (the reference goodput when given) (a draft-model option also pays
 //   its share of the draft forwards' fixed cost); candidates with and without the draft
@@ -63,6 +70,7 @@
 #include <vector>
 
 #include "specd/cost_model.h"
+#include "specd/overhead_model.h"
 #include "specd/span.h"
 #include "specd/status.h"
 
@@ -91,6 +99,7 @@ struct StepCostModel {
   // all (the controller's exploration limit, CostModel::explored_limit); 0: no limit. Base
   // tokens are never cut: a step whose bases exceed it gets no drafts.
   int64_t max_target_tokens = 0;
+  HostCosts host;                     // host time speculation adds (header, "Model of one step")
 };
 
 struct Allocation {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import asdict
@@ -66,6 +67,10 @@ def add_parser(sub) -> None:
     g.add_argument("--gpu-profile", type=Path, metavar="JSON",
                    help="forward times MEASURED on a GPU (bench/gpu/profile_forwards.py; e.g. "
                         "docs/bench/gpu/h100_forward_profile.json) in place of the knee model and --overhead-ms")
+    g.add_argument("--host-ms", metavar="R,D,T,F",
+                   help="host time by step shape on top of the step overhead, in ms: per request, per drafting "
+                        "request, per draft token, per draft forward (speculation's own host costs; default: the "
+                        "GPU profile's host_ms, else none)")
     p.add_argument("--json", type=Path, help="write rows, comparison and settings as JSON here")
     p.add_argument("--plot", type=Path, help="write latency-vs-rate PNG into this directory")
     p.add_argument("--trace", type=Path, metavar="DIR",
@@ -182,7 +187,8 @@ def _simulated(args, target, draft, method, log):
     from specd.bench.prompts import load_prompts
     from specd.bench.replay import ReplayWorld, cached_traces, record_traces
     from specd.engine.llm import LLM
-    from specd.engine.timer import GPUProfile, MeasuredProfile, SyntheticTimer
+    from specd.engine.timer import GPUProfile, HostTime, MeasuredProfile, SyntheticTimer
+    from specd.errors import InvalidArgumentError
     from specd.hub import cache_dir
     from specd.models.llama import LlamaModel
     from specd.models.loader import load_model
@@ -203,6 +209,12 @@ def _simulated(args, target, draft, method, log):
                          else None)
         return record_traces(llm_factory, draft_factory, prompts, args.max_tokens, log)
 
+    host = None
+    if args.host_ms is not None:
+        try:
+            host = HostTime.from_ms([float(x) for x in args.host_ms.split(",")])
+        except ValueError as e:
+            raise InvalidArgumentError(f"--host-ms: {e}") from None
     if args.gpu_profile is not None:  # read before the traces: a bad file fails fast
         profile = MeasuredProfile.load(args.gpu_profile)
     world = ReplayWorld(cached_traces(cache_dir() / "traces", key, make))
@@ -211,6 +223,8 @@ def _simulated(args, target, draft, method, log):
                              target_per_token=args.target_per_token_us / 1e6, draft_base=args.draft_ms / 1e3,
                              draft_knee=args.draft_knee, draft_per_token=args.draft_per_token_us / 1e6,
                              step_overhead=args.overhead_ms / 1e3)
+    if host is not None:
+        profile = dataclasses.replace(profile, host=host)
     longest = max(len(p) for p in world.prompts) + args.max_tokens + 16
     pages = 2 * args.max_num_seqs * (-(-longest // 16)) + 16
     target_model = world.model("target", max_positions=longest + 64)
@@ -221,14 +235,17 @@ def _simulated(args, target, draft, method, log):
                                num_kv_pages=pages, max_num_seqs=args.max_num_seqs, timer=SyntheticTimer(profile),
                                policy=policy)
 
-    costs = (f"forward times MEASURED on a GPU ({profile.source}; step overhead {1e3 * profile.step_overhead:.2f} ms)"
-             if args.gpu_profile is not None else f"SYNTHETIC GPU profile {profile}")
+    host_ms = profile.host.to_ms()
+    host_text = (f"; host ms per request / drafting request / draft token / draft forward "
+                 f"{'/'.join(f'{x:g}' for x in host_ms)}" if any(host_ms) else "")
+    costs = (f"forward times MEASURED on a GPU ({profile.source}; step overhead {1e3 * profile.step_overhead:.2f} ms"
+             f"{host_text})" if args.gpu_profile is not None else f"SYNTHETIC GPU profile {profile}")
     title = (f"specd bench load --simulated: {costs}; engine decisions replayed from greedy "
              f"traces of {Path(target).name} / {Path(draft).name if draft else '-'} ({len(world.prompts)} prompts); "
              f"{args.requests} requests x {args.max_tokens} tokens per rate; max batch {args.max_num_seqs}; "
              f"method {method}")
     settings = ({"gpu_profile": str(args.gpu_profile), "profile_source": profile.source,
-                 "step_overhead_ms": 1e3 * profile.step_overhead} if args.gpu_profile is not None
+                 "step_overhead_ms": 1e3 * profile.step_overhead, "host_ms": host_ms} if args.gpu_profile is not None
                 else {"profile": asdict(profile)})
     return make_llm, world.prompts, world.outputs, "virtual", title, {**settings, "synthetic": True}
 

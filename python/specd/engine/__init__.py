@@ -5,8 +5,9 @@ from specd.engine.outputs import RequestMetrics, RequestOutput, StreamChunk
 from specd.engine.params import SamplingParams, SpeculationConfig
 from specd.engine.goodput import GoodputPolicy
 from specd.engine.policies import available_policies, make_policy
-from specd.engine.policy import Decision, NoSpeculation, SpeculationPolicy, StaticPolicy, StepRequest, SwitchOffPolicy
+from specd.engine.policy import (Decision, NoSpeculation, SpeculationPolicy, StaticPolicy, StepRequest, StepShape,
+                                 SwitchOffPolicy)
 
 __all__ = ["LLM", "SamplingParams", "SpeculationConfig", "RequestOutput", "RequestMetrics", "StreamChunk",
            "SpeculationPolicy", "StaticPolicy", "NoSpeculation", "SwitchOffPolicy", "GoodputPolicy", "Decision",
-           "StepRequest", "available_policies", "make_policy"]
+           "StepRequest", "StepShape", "available_policies", "make_policy"]

@@ -17,7 +17,7 @@ from specd.engine import model_runner
 from specd.engine.batch_verify import VerifyInputs, verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
-from specd.engine.policy import SpeculationPolicy, StepRequest
+from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook
 from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.timer import WallTimer, causal_keys
@@ -52,6 +52,7 @@ class Engine:
                  timer=None):
         self.target, self.draft, self.pool = target, draft, pool
         self.speculation, self.policy = speculation, policy
+        self._observe_overhead = overhead_hook(policy)  # (seconds, StepShape), or None
         self.scheduler = Scheduler(pool, scheduler_config, policy)
         self.proposers = self._make_proposers(speculation)
         if self.proposers and getattr(policy, "wants_node_probs", False):
@@ -124,6 +125,7 @@ class Engine:
         self.touched.update(it.request.id for it in items if it.request.online)
         deciding = [it for it in items if it.decide]
         forward_s = 0.0
+        draft_forwards = self.timings.draft_forwards
         trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))
         forward_s += draft_s
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
@@ -148,10 +150,12 @@ class Engine:
                 finished.append(it.request)
             elif self._accept(it, trees[it.request.id], inputs[it.request.id]):
                 finished.append(it.request)
-        step_s = self.timer.step_seconds(forward_s)
-        observe_overhead = getattr(self.policy, "observe_overhead", None)
-        if observe_overhead is not None:
-            observe_overhead(step_s - forward_s)
+        shape = StepShape(len(items), sum(1 for it in deciding if it.k > 0),
+                          sum(trees[it.request.id].num_drafts for it in deciding),
+                          self.timings.draft_forwards - draft_forwards)
+        step_s = self.timer.step_seconds(forward_s, shape)
+        if self._observe_overhead is not None:
+            self._observe_overhead(step_s - forward_s, shape)
         observe_step = getattr(self.policy, "observe_step", None)
         if observe_step is not None:
             observe_step(self._emitted, step_s, self.scheduler.num_waiting)

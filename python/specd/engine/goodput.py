@@ -11,8 +11,10 @@ to indices, StepRequest fields to lists). Per step the controller
   in sync), lowered towards the engine's long-run goodput (emitted tokens over all step
   time, prefills included) as far as requests wait for admission, and maximizes E - G T
   with the C++ optimizer, where
-  T = T_target(sum_i base_i + k_i) + T_draft(k) + overhead comes from costs learned from the
-  engine's measured forwards; k_i = 0 for every request is always a candidate;
+  T = T_target(sum_i base_i + k_i) + T_draft(k) + host comes from costs learned from the
+  engine's measured forwards and, for the host time outside them, from each step's shape
+  (what speculation adds per drafting request, draft token and draft forward is priced, not
+  averaged into every plan alike); k_i = 0 for every request is always a candidate;
 - lets the draft model catch up on a request only when the investment pays at the batch the
   load forecast expects (the queue, and Little's law on measured arrivals).
 Token trees of the model-free proposers (n-gram, suffix) are sized by the same k, their node
@@ -33,7 +35,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from specd import _core
-from specd.engine.policy import Decision, StepRequest
+from specd.engine.policy import Decision, StepRequest, StepShape
 from specd.engine.request import Request
 
 
@@ -55,7 +57,8 @@ class GoodputPolicy:
         return {"target": self.controller.target_costs, "draft": self.controller.draft_costs}
 
     @property
-    def overhead(self) -> float:
+    def overhead(self):
+        """The learned host time by step shape (specd.OverheadModel: coefficients, predict)."""
         return self.controller.overhead
 
     def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
@@ -99,9 +102,11 @@ class GoodputPolicy:
         """Requests queued beyond this step's batch, and the batch limit (load_forecast.h)."""
         self.controller.observe_load(waiting, max_batch)
 
-    def observe_overhead(self, seconds: float) -> None:
-        """Time of a step spent outside the model forwards (scheduling, proposing, verifying)."""
-        self.controller.observe_overhead(seconds)
+    def observe_overhead(self, seconds: float, shape: StepShape) -> None:
+        """Time of a step spent outside the model forwards (scheduling, proposing, verifying),
+        and what the step did."""
+        self.controller.observe_overhead(seconds, shape.requests, shape.drafting_requests, shape.draft_tokens,
+                                         shape.draft_forwards)
 
     def observe_step(self, tokens: int, seconds: float, waiting: int) -> None:
         """One whole step: the tokens it emitted for all requests, its time and the requests

@@ -8,9 +8,11 @@ per forward pass, how
 many tokens it processed and how long it took (:meth:`observe_forward`). Three optional hooks
 are called when a policy defines them: ``observe_load(waiting, max_batch)`` before decide
 (requests queued beyond the step's batch, and the batch limit), and after each step
-``observe_overhead(seconds)`` (its time outside the forwards) and ``observe_step(tokens,
-seconds, waiting)`` (the tokens it emitted for all requests, its whole time and the requests
-left waiting for admission). A policy with
+``observe_overhead(seconds, shape)`` (its time outside the forwards, and a :class:`StepShape`
+saying what the step did: requests, drafting requests, draft tokens, draft forwards; a hook
+that takes only ``seconds`` is called with that alone) and ``observe_step(tokens, seconds,
+waiting)`` (the tokens it emitted for all requests, its whole time and the requests left
+waiting for admission). A policy with
 a true ``wants_node_probs`` attribute gets, in each StepRequest's ``node_probs``, the
 model-free proposers' candidate trees for the step as node probabilities, and is told after
 each such verification what they predicted (``observe_tree(request, method, predicted,
@@ -28,8 +30,9 @@ by other packages under the ``specd.policies`` entry-point group (specd.engine.p
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from specd.engine.request import Request
 
@@ -46,6 +49,33 @@ class StepRequest:
     # policies with wants_node_probs: per model-free method, float32 [candidate nodes] the
     # acceptance probabilities of the nodes it would propose with a budget of k_max (no root)
     node_probs: Optional[dict] = None
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What a step did, as far as its host time depends on it (observe_overhead; the C++
+    OverheadModel, overhead_model.h)."""
+
+    requests: int = 0           # requests the step ran (prefill chunks and verifications)
+    drafting_requests: int = 0  # of them, requests with k > 0
+    draft_tokens: int = 0       # draft tokens verified (chain drafts, tree nodes)
+    draft_forwards: int = 0     # draft-model forwards the step ran
+
+
+def overhead_hook(policy) -> Optional[Callable[[float, StepShape], None]]:
+    """The policy's ``observe_overhead`` as a function of (seconds, shape), or None when it has
+    none. A hook written for ``observe_overhead(seconds)`` alone is called without the shape."""
+    hook = getattr(policy, "observe_overhead", None)
+    if hook is None:
+        return None
+    try:
+        params = inspect.signature(hook).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the current protocol
+        return hook
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params):
+        return hook
+    return lambda seconds, shape: hook(seconds)
 
 
 @dataclass

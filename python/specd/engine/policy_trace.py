@@ -7,7 +7,8 @@ engine makes to it, in order, as JSON-ready events:
   (k, method, predicted tokens);
 - ``size_trees`` (draft-model trees): the grown trees and the nodes chosen;
 - the feedback: ``observe``, ``observe_tree``, ``observe_forward`` (measured forward times),
-  ``observe_load``, ``observe_overhead``, ``observe_step`` and ``forget``.
+  ``observe_load``, ``observe_overhead`` (the host time and the step's shape), ``observe_step``
+  and ``forget``.
 Optional hooks are present on the wrapper exactly when the wrapped policy has them, so the
 engine treats both alike.
 
@@ -26,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
-from specd.engine.policy import Decision, SpeculationPolicy, StepRequest
+from specd.engine.policy import Decision, SpeculationPolicy, StepRequest, StepShape, overhead_hook
 from specd.errors import InvalidArgumentError
 
 _OPTIONAL = ("observe_load", "observe_overhead", "observe_step", "observe_tree", "size_trees")
 # The optional hooks whose arguments are plain numbers: the event fields, in call order.
-_HOOK_ARGS = {"observe_load": ("waiting", "max_batch"), "observe_overhead": ("seconds",),
-              "observe_step": ("tokens", "seconds", "waiting")}
+_HOOK_ARGS = {"observe_load": ("waiting", "max_batch"), "observe_step": ("tokens", "seconds", "waiting")}
+_SHAPE = ("requests", "drafting_requests", "draft_tokens", "draft_forwards")  # StepShape's fields, in order
 
 
 def _floats(xs) -> list[float]:
@@ -53,6 +54,7 @@ class TracedPolicy:
         for name in _OPTIONAL:
             if callable(getattr(inner, name, None)):
                 setattr(self, name, getattr(self, "_" + name))
+        self._inner_overhead = overhead_hook(inner)
 
     def decide(self, batch: Sequence[StepRequest]) -> list[Decision]:
         out = self.inner.decide(batch)
@@ -83,9 +85,10 @@ class TracedPolicy:
         self.events.append({"call": "observe_load", "waiting": int(waiting), "max_batch": int(max_batch)})
         self.inner.observe_load(waiting, max_batch)
 
-    def _observe_overhead(self, seconds: float) -> None:
-        self.events.append({"call": "observe_overhead", "seconds": float(seconds)})
-        self.inner.observe_overhead(seconds)
+    def _observe_overhead(self, seconds: float, shape: StepShape) -> None:
+        self.events.append({"call": "observe_overhead", "seconds": float(seconds),
+                            "shape": [int(getattr(shape, f)) for f in _SHAPE]})
+        self._inner_overhead(seconds, shape)
 
     def _observe_step(self, tokens: int, seconds: float, waiting: int) -> None:
         self.events.append({"call": "observe_step", "tokens": int(tokens), "seconds": float(seconds),
@@ -177,6 +180,10 @@ def replay(events: Sequence[dict], policy: SpeculationPolicy) -> list[ReplayedDe
         elif call == "observe_tree":
             if hasattr(policy, call):
                 policy.observe_tree(req(e["request"]), e["method"], e["predicted"], e["accepted"])
+        elif call == "observe_overhead":
+            hook = overhead_hook(policy)
+            if hook is not None:  # traces older than step shapes: a shapeless step (constant term only)
+                hook(e["seconds"], StepShape(*e.get("shape", ())))
         elif call in _HOOK_ARGS:
             if hasattr(policy, call):
                 getattr(policy, call)(*(e[a] for a in _HOOK_ARGS[call]))

@@ -11,10 +11,18 @@ Timers take each forward's ``keys`` as well as its tokens: the attention work, t
 of (query, key) pairs its new tokens attend (a new token at position p attends p + 1 keys
 under a causal mask; :func:`causal_keys`). A measured profile uses them to price a forward
 of several sequences by what they attend, not as one sequence of as many tokens.
+
+A step's time outside the forwards is the profile's ``step_overhead`` plus, with a
+:class:`HostTime`, what depends on the step's shape (:class:`specd.StepShape`): per request,
+per drafting request, per draft token and per draft forward. Speculation has host costs of
+its own (on an H100 host, 0.16 ms per plain step against 0.98 ms drafting k = 4 at batch 1:
+docs/bench/gpu/h100_forward_profile.json); a constant overhead hides them from the policies
+being compared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -22,6 +30,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 import torch
+
+from specd.engine.policy import StepShape
 
 
 def causal_keys(start: int, count: int) -> int:
@@ -53,8 +63,46 @@ class WallTimer:
     def step_begin(self) -> None:
         self._step_start = time.perf_counter()
 
-    def step_seconds(self, forward_seconds: float) -> float:
+    def step_seconds(self, forward_seconds: float, shape: Optional[StepShape] = None) -> float:
         return time.perf_counter() - self._step_start
+
+
+@dataclass(frozen=True)
+class HostTime:
+    """Synthetic host time of a step that depends on its shape (seconds; all 0 by default):
+    what the step costs outside the forwards beyond the profile's constant step_overhead."""
+
+    per_request: float = 0.0
+    per_drafting_request: float = 0.0
+    per_draft_token: float = 0.0
+    per_draft_forward: float = 0.0
+
+    def __post_init__(self):
+        from specd.errors import InvalidArgumentError
+
+        if not all(x >= 0 for x in (self.per_request, self.per_drafting_request, self.per_draft_token,
+                                    self.per_draft_forward)):
+            raise InvalidArgumentError(f"host times must be >= 0 seconds, got {self}")
+
+    @staticmethod
+    def from_ms(values: Sequence[float]) -> "HostTime":
+        """(per request, per drafting request, per draft token, per draft forward) in ms."""
+        from specd.errors import InvalidArgumentError
+
+        if len(values) != 4:
+            raise InvalidArgumentError("host times: give 4 values in ms (per request, per drafting request, "
+                                       f"per draft token, per draft forward), got {len(values)}")
+        return HostTime(*(float(v) / 1e3 for v in values))
+
+    def to_ms(self) -> list[float]:
+        return [1e3 * x for x in (self.per_request, self.per_drafting_request, self.per_draft_token,
+                                  self.per_draft_forward)]
+
+    def seconds(self, shape: Optional[StepShape]) -> float:
+        if shape is None:
+            return 0.0
+        return (self.per_request * shape.requests + self.per_drafting_request * shape.drafting_requests
+                + self.per_draft_token * shape.draft_tokens + self.per_draft_forward * shape.draft_forwards)
 
 
 @dataclass(frozen=True)
@@ -68,6 +116,7 @@ class GPUProfile:
     draft_knee: int = 64
     draft_per_token: float = 0.00005
     step_overhead: float = 0.0005   # scheduling, proposing, verifying per step
+    host: HostTime = HostTime()     # host time by step shape, on top of step_overhead
 
     def seconds(self, model: str, tokens: int, keys: Optional[int] = None) -> float:
         """``keys`` is ignored: the knee model has no attention term."""
@@ -81,7 +130,8 @@ class MeasuredProfile:
     """Forward times measured on a GPU, per model, as a function of the forward's tokens and
     attended keys (module docstring). ``step_overhead`` (seconds per step outside the
     forwards) is measured too; ``source`` says where the numbers come from (printed with
-    every result).
+    every result). ``host`` adds host time by step shape (:class:`HostTime`; from the profile's
+    ``host_ms`` when it has one: bench/gpu/profile_forwards.py fits it from the engine's steps).
 
     Model: seconds = base(tokens) + per_key * keys.
     - ``per_key``: the attention's time per (query, key) pair, fitted by least squares
@@ -106,6 +156,7 @@ class MeasuredProfile:
     source: str = ""
     base_at: Optional[Mapping[str, tuple[float, ...]]] = None  # model -> base seconds at each count
     per_key: Optional[Mapping[str, float]] = None               # model -> attention seconds per key
+    host: HostTime = HostTime()                                 # host time by step shape
 
     @staticmethod
     def from_points(points: Mapping[str, Sequence[Mapping]], step_overhead_ms: float,
@@ -161,12 +212,24 @@ class MeasuredProfile:
             raise InvalidArgumentError(f"cannot read the GPU profile {path}: {type(e).__name__}: {e}") from None
         meta = data.get("meta", {})
         source = f"{path} ({meta.get('device', 'unknown device')}, {meta.get('weights', '')})"
-        return MeasuredProfile.from_points(models, overhead, source)
+        profile = MeasuredProfile.from_points(models, overhead, source)
+        if "host_ms" in data:
+            try:
+                host = HostTime.from_ms([data["host_ms"][k] for k in _HOST_KEYS])
+            except (KeyError, TypeError, ValueError) as e:
+                raise InvalidArgumentError(f"GPU profile {path}: host_ms needs {', '.join(_HOST_KEYS)} "
+                                           f"(ms): {type(e).__name__}: {e}") from None
+            profile = dataclasses.replace(profile, host=host)
+        return profile
 
     def seconds(self, model: str, tokens: int, keys: Optional[int] = None) -> float:
         if keys is None or self.base_at is None or self.per_key is None:
             return _interpolate(self.tokens[model], self.seconds_at[model], tokens)
         return _interpolate(self.tokens[model], self.base_at[model], tokens) + self.per_key[model] * keys
+
+
+# A profile's "host_ms" fields (HostTime.from_ms order).
+_HOST_KEYS = ("per_request", "per_drafting_request", "per_draft_token", "per_draft_forward")
 
 
 def _fit_per_key(rows) -> float:
@@ -206,5 +269,5 @@ class SyntheticTimer:
     def step_begin(self) -> None:
         pass
 
-    def step_seconds(self, forward_seconds: float) -> float:
-        return forward_seconds + self.profile.step_overhead
+    def step_seconds(self, forward_seconds: float, shape: Optional[StepShape] = None) -> float:
+        return forward_seconds + self.profile.step_overhead + self.profile.host.seconds(shape)
