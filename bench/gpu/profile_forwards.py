@@ -15,12 +15,19 @@ sequences; logits for each sequence's last row). Weights are random, so only the
 anything.
 
 Then the engine's per-step time outside the forwards (scheduling, proposing, verifying,
-sampling on the host side), from EngineTimings of LLM.generate runs with both graph runners
-(plain decoding and draft k=4, batch 1 and 8): (step_s - target_forward_s - draft_forward_s)
-/ steps.
+sampling on the host side), step by step with its shape (requests, drafting requests, draft
+tokens, draft forwards: specd.StepShape), from LLM.generate runs with both graph runners:
+plain decoding and the draft model at k = 1, 2 and 4, batch 1, 8 and 16. Speculation has host
+costs of its own, so one average is not enough: the steps are fitted by specd's
+OverheadModel (the goodput controller's own model, overhead_model.h) into a constant and the
+costs per request, drafting request, draft token and draft forward, written as
+"step_overhead_ms" (the constant) and "host_ms", which `specd bench load --simulated
+--gpu-profile` charges by each simulated step's shape. Per run, the mean overhead per step is
+kept too ("step_overhead_ms_by_run").
 
 Writes gpu_forward_profile.json: {"meta", "models": {"target": [points], "draft": [points]},
-"step_overhead_ms"} with points {"batch", "query", "tokens", "context", "ms"}.
+"step_overhead_ms", "host_ms", "step_overhead_ms_by_run"} with points {"batch", "query",
+"tokens", "context", "ms"}.
 """
 
 from __future__ import annotations
@@ -121,28 +128,61 @@ def profile_model(name, model, context: int, reps: int) -> list[dict]:
     return points
 
 
-def step_overhead_ms(target, draft) -> dict:
-    """Engine time per step outside the forwards, with both graph runners (module doc)."""
+HOST_RUNS = ((0, (1, 8, 16)), (1, (1, 8, 16)), (2, (1, 8, 16)), (4, (1, 8, 16)))  # (k, batches); k = 0: plain
+
+
+def step_host_times(target, draft, runs=HOST_RUNS, max_tokens: int = 24) -> tuple[dict, list]:
+    """Engine time per step outside the forwards, with both graph runners on a GPU (module doc):
+    the mean per run, and every timed step as (ms, StepShape)."""
     import specd
+    from specd.engine.timer import WallTimer
+
+    class ShapeTimer(WallTimer):
+        """The wall clock, keeping each step's time outside the forwards and its shape."""
+
+        def __init__(self):
+            super().__init__(sync_cuda=target.device.type == "cuda")
+            self.steps = []
+
+        def step_seconds(self, forward_seconds, shape=None):
+            seconds = super().step_seconds(forward_seconds, shape)
+            self.steps.append((1e3 * (seconds - forward_seconds), shape))
+            return seconds
 
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target.config.vocab_size, (int(n),), generator=gen).tolist()
-               for n in torch.randint(16, 200, (8,), generator=gen)]
-    params = specd.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    out = {}
-    for label, d, spec in (("plain", None, specd.SpeculationConfig(method="none")),
-                           ("draft k=4", draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=4))):
-        for batch in (1, 8):
-            llm = specd.LLM.from_models(target, d, spec, device=target.device, max_num_seqs=batch,
-                                        max_model_len=2048, num_kv_pages=4096)
+               for n in torch.randint(16, 200, (16,), generator=gen)]
+    params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    by_run, steps = {}, []
+    for k, batches in runs:
+        spec = (specd.SpeculationConfig(method="none") if k == 0
+                else specd.SpeculationConfig(method="draft", num_speculative_tokens=k))
+        for batch in batches:
+            timer = ShapeTimer()
+            llm = specd.LLM.from_models(target, draft if k else None, spec, device=target.device, max_num_seqs=batch,
+                                        max_model_len=2048, num_kv_pages=8192, timer=timer)
             llm.generate(prompts[:batch], params)  # warm-up, graph capture
-            llm.engine.timings.reset()
+            timer.steps.clear()
             llm.generate(prompts[:batch], params)
-            t = llm.engine.timings
-            ms = 1e3 * (t.step_s - t.target_forward_s - t.draft_forward_s) / max(1, t.steps)
-            out[f"{label}, batch {batch}"] = round(ms, 3)
-            print(f"engine overhead per step, {label}, batch {batch}: {ms:.3f} ms ({t.steps} steps)", flush=True)
-    return out
+            label = f"{'plain' if k == 0 else f'draft k={k}'}, batch {batch}"
+            by_run[label] = round(statistics.mean(ms for ms, _ in timer.steps), 3)
+            steps += timer.steps
+            print(f"engine overhead per step, {label}: {by_run[label]:.3f} ms ({len(timer.steps)} steps)", flush=True)
+    return by_run, steps
+
+
+def fit_host_ms(steps) -> tuple[float, dict]:
+    """(constant ms, host_ms) from timed steps by the controller's OverheadModel, fed every
+    step without forgetting (decay close to 1: each run weighs alike)."""
+    from specd import _core
+
+    model = _core.OverheadModel()
+    for _ in range(3):  # the model forgets 1% a step: repeat the runs so none dominates
+        for ms, shape in steps:
+            model.observe(ms / 1e3, shape.requests, shape.drafting_requests, shape.draft_tokens, shape.draft_forwards)
+    c = [round(1e3 * x, 4) for x in model.coefficients]
+    return c[0], {"per_request": c[1], "per_drafting_request": c[2], "per_draft_token": c[3],
+                  "per_draft_forward": c[4]}
 
 
 def main(argv=None) -> int:
@@ -175,14 +215,15 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for name, model in (("target", target), ("draft", draft)):
             result["models"][name] = profile_model(name, model, args.context, args.reps)
-    overhead = step_overhead_ms(target, draft)
-    result["step_overhead_ms_by_run"] = overhead
-    result["step_overhead_ms"] = round(statistics.median(overhead.values()), 3)
+    by_run, steps = step_host_times(target, draft)
+    result["step_overhead_ms_by_run"] = by_run
+    result["step_overhead_ms"], result["host_ms"] = fit_host_ms(steps)
     result["meta"]["seconds"] = round(time.perf_counter() - t0, 1)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_forward_profile.json"), "w") as f:
         json.dump(result, f, indent=1)
-    print(f"done in {result['meta']['seconds']} s; step overhead (median) {result['step_overhead_ms']} ms", flush=True)
+    print(f"done in {result['meta']['seconds']} s; host time per step {result['step_overhead_ms']} ms + "
+          f"{result['host_ms']} (ms)", flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ namespace specd {
 namespace {
 
 constexpr int kN = OverheadModel::kFeatures;
+constexpr double kNegligibleSeconds = 1e-9;  // per item (refit)
 
 OverheadModel::Coefficients features(const StepShape& s) {
   return {1.0, static_cast<double>(s.requests), static_cast<double>(s.drafting_requests),
@@ -77,6 +78,9 @@ void OverheadModel::refit() {
     if (xx_[j][j] > 0.0) seen |= 1u << j;
     a[j][j] *= 1.0 + config_.ridge;
   }
+  // One batch size so far: nothing says how host time grows with the batch (header).
+  const double w = xx_[0][0], mean = xx_[0][1] / w;
+  if (!(xx_[1][1] / w - mean * mean > 1e-9 * (1.0 + mean * mean))) seen &= ~(1u << 1);
   // The convex quadratic q(c) = c^T a c - 2 xy^T c is least at the best non-negative
   // unconstrained optimum over subsets of the seen features (empty subset: c = 0, q = 0).
   Coefficients best{};
@@ -99,6 +103,11 @@ void OverheadModel::refit() {
       best = c;
     }
   }
+  // Below a nanosecond per item a coefficient is the solve's rounding, not a measurement
+  // (host times are known to microseconds): it is 0, so such residue cannot break the
+  // optimizer's ties between equally good plans one way or the other.
+  for (std::size_t j = 1; j < kN; ++j)
+    if (best[j] < kNegligibleSeconds) best[j] = 0.0;
   coef_ = best;
 }
 

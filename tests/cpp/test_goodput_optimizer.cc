@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
 
 #include "block_manager_test_util.h"
@@ -50,6 +51,33 @@ struct RandomDraftStep {
       const int32_t width = min_width + (extra_widths > 1 ? static_cast<int32_t>(rng() % static_cast<uint32_t>(extra_widths)) : 0);
       options[i] = SpecOption{gains[i], true, base, width};
       reqs[i] = SpecRequest{1, Span<const SpecOption>(&options[i], 1)};
+    }
+  }
+};
+
+// A step of n requests, each with one option: a chain of 1..max_depth gains from alphas in
+// [0.3, 1), with the draft model (draft = 1), without (0) or either at random (-1), a catch-up
+// of 1..max_draft_base tokens (exactly max_draft_base when draft >= 0) and 1..max_base base
+// tokens.
+struct RandomChainStep {
+  std::vector<std::vector<double>> gains;
+  std::vector<SpecOption> options;
+  std::vector<SpecRequest> reqs;
+
+  RandomChainStep(std::mt19937& rng, std::size_t n, std::size_t max_depth, int draft, int32_t max_draft_base,
+                  int32_t max_base)
+      : gains(n), options(n), reqs(n) {
+    std::uniform_real_distribution<double> u(0, 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<double> alphas(1 + rng() % max_depth);
+      for (double& a : alphas) a = 0.3 + 0.7 * u(rng);
+      gains[i] = chain_gains(alphas);
+      const bool uses_draft = draft < 0 ? (rng() % 2) == 0 : draft == 1;
+      const int32_t draft_base =
+          draft < 0 ? 1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_draft_base)) : max_draft_base;
+      options[i] = SpecOption{gains[i], uses_draft, draft_base};
+      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % static_cast<uint32_t>(max_base)),
+                            Span<const SpecOption>(&options[i], 1)};
     }
   }
 };
@@ -286,6 +314,19 @@ TEST(GoodputOptimizer, NearBruteForceOnNonConvexCurves) {
   EXPECT_GT(a.goodput, 1.15 * a.plain_goodput);
 }
 
+// The allocation for `cost`; with a price factor f, for the objective E - G T at G = f times
+// the step's own optimal goodput (set in cost->reference_goodput).
+Allocation optimized(Span<const SpecRequest> reqs, StepCostModel* cost, std::optional<double> price_factor) {
+  if (price_factor) {
+    Allocation own;
+    EXPECT_TRUE(optimize_goodput(reqs, *cost, &own).ok());
+    cost->reference_goodput = own.goodput * *price_factor;
+  }
+  Allocation a;
+  EXPECT_TRUE(optimize_goodput(reqs, *cost, &a).ok());
+  return a;
+}
+
 // Host time that speculation adds (overhead_model.h): per drafting request, per draft token,
 // per draft forward. A request's first draft then costs more than its next ones, which makes
 // the optimal set no longer a prefix of the greedy's order; the look-ahead and the polish
@@ -302,27 +343,14 @@ TEST(GoodputOptimizer, HostCostsOfSpeculationMatchBruteForce) {
                                  : linear(0.002 + 0.03 * u(rng), 0.0005 + 0.01 * u(rng));
     const CostModel draft = gpu ? linear(0.0005 + 0.0015 * u(rng), 0.000002 + 0.00002 * u(rng))
                                 : linear(0.001 + 0.01 * u(rng), 0.0002 + 0.002 * u(rng));
-    const std::size_t n = 1 + rng() % 4;
-    std::vector<std::vector<double>> gains(n);
-    std::vector<SpecOption> options(n);
-    std::vector<SpecRequest> reqs(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::vector<double> alphas(1 + rng() % 5);
-      for (double& a : alphas) a = 0.3 + 0.7 * u(rng);
-      gains[i] = chain_gains(alphas);
-      options[i] = SpecOption{gains[i], (rng() % 2) == 0, 1 + static_cast<int32_t>(rng() % 3)};
-      reqs[i] = SpecRequest{1 + static_cast<int32_t>(rng() % 4), Span<const SpecOption>(&options[i], 1)};
-    }
+    const RandomChainStep step(rng, 1 + rng() % 4, 5, /*draft=*/-1, 3, 4);
+    const std::size_t n = step.reqs.size();
+    const std::vector<std::vector<double>>& gains = step.gains;
+    const std::vector<SpecRequest>& reqs = step.reqs;
     const double scale = target.predict(1);  // host costs up to a share of a target forward
     StepCostModel cost{&target, &draft, 0.1 * scale * u(rng)};
     cost.host = HostCosts{0.4 * scale * u(rng), 0.05 * scale * u(rng), 0.2 * scale * u(rng)};
-    if (trial % 4 >= 2) {
-      Allocation own;
-      SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &own));
-      cost.reference_goodput = own.goodput * (0.7 + 0.6 * u(rng));
-    }
-    Allocation a;
-    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    const Allocation a = optimized(reqs, &cost, trial % 4 >= 2 ? std::optional<double>(0.7 + 0.6 * u(rng)) : std::nullopt);
     double t = 0, s = 0;
     SPECD_ASSERT_OK(evaluate_allocation(reqs, cost, a.k, a.option, &t, &s));
     EXPECT_NEAR(a.expected_seconds, s, 1e-12);
@@ -370,27 +398,14 @@ TEST(GoodputOptimizer, LargeBatchesWithHostCostsCannotBeImprovedOneRequestAtATim
   for (int trial = 0; trial < 120; ++trial) {
     const CostModel target = linear(0.002 + 0.002 * u(rng), 0.000005 + 0.00005 * u(rng));
     const CostModel draft = linear(0.0005 + 0.0015 * u(rng), 0.000002 + 0.00002 * u(rng));
-    const std::size_t n = 20 + rng() % 29;
-    std::vector<std::vector<double>> gains(n);
-    std::vector<SpecOption> options(n);
-    std::vector<SpecRequest> reqs(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::vector<double> alphas(1 + rng() % 6);
-      for (double& a : alphas) a = 0.3 + 0.7 * u(rng);
-      gains[i] = chain_gains(alphas);
-      options[i] = SpecOption{gains[i], trial % 2 == 0, 2};
-      reqs[i] = SpecRequest{1, Span<const SpecOption>(&options[i], 1)};
-    }
+    const RandomChainStep step(rng, 20 + rng() % 29, 6, /*draft=*/trial % 2 == 0 ? 1 : 0, 2, 1);
+    const std::size_t n = step.reqs.size();
+    const std::vector<std::vector<double>>& gains = step.gains;
+    const std::vector<SpecRequest>& reqs = step.reqs;
     const double scale = target.predict(static_cast<int64_t>(n)) / static_cast<double>(n);
     StepCostModel cost{&target, &draft, 0.0005 * u(rng)};
-    cost.host = HostCosts{3 * scale * u(rng), 0.3 * scale * u(rng), 0.0003 * u(rng)};
-    if (trial % 4 >= 2) {
-      Allocation own;
-      SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &own));
-      cost.reference_goodput = own.goodput * (0.8 + 0.4 * u(rng));
-    }
-    Allocation a;
-    SPECD_ASSERT_OK(optimize_goodput(reqs, cost, &a));
+    cost.host = HostCosts{2 * scale * u(rng), 0.2 * scale * u(rng), 0.0002 * u(rng)};
+    const Allocation a = optimized(reqs, &cost, trial % 4 >= 2 ? std::optional<double>(0.8 + 0.4 * u(rng)) : std::nullopt);
     speculated += std::any_of(a.k.begin(), a.k.end(), [](int32_t k) { return k > 0; }) ? 1 : 0;
     std::vector<int32_t> k = a.k;
     const std::vector<int32_t> only(n, 0);  // each request's one option

@@ -135,6 +135,27 @@ TEST(OverheadModel, ARarePlainStepIsNotOutweighedByTheRidge) {
     EXPECT_NEAR(m.predict(s), truth(s), 0.01 * truth(s)) << s.draft_tokens;
 }
 
+// One batch size tells nothing of how host time grows with the batch: it is priced as a
+// constant, not extrapolated to a batch of 64 by an even split. Residue below a nanosecond per
+// item is 0.
+TEST(OverheadModel, OneBatchSizeIsNotExtrapolatedToOthers) {
+  OverheadModel m;
+  SPECD_ASSERT_OK(m.observe(StepShape{1, 0, 0, 0}, 0.0005));
+  EXPECT_NEAR(m.predict(StepShape{64, 0, 0, 0}), 0.0005, 1e-9);
+  SPECD_ASSERT_OK(m.observe(StepShape{1, 0, 0, 0}, 0.0005));
+  EXPECT_EQ(m.coefficients()[1], 0.0);
+  SPECD_ASSERT_OK(m.observe(StepShape{9, 0, 0, 0}, 0.0009));  // a second batch size: 50 us per request
+  EXPECT_NEAR(m.coefficients()[1], 5e-5, 1e-9);
+  EXPECT_NEAR(m.predict(StepShape{64, 0, 0, 0}), 0.00045 + 64 * 5e-5, 1e-8);
+  OverheadModel constant;  // the same host time whatever the step does
+  for (int step = 0; step < 40; ++step)
+    SPECD_ASSERT_OK(constant.observe(StepShape{1 + step % 9, step % 3, 4 * (step % 3), step % 3 ? 4 : 0}, 0.0005));
+  EXPECT_EQ(constant.speculation_costs().per_drafting_request, 0.0);
+  EXPECT_EQ(constant.speculation_costs().per_draft_token, 0.0);
+  EXPECT_EQ(constant.speculation_costs().per_draft_forward, 0.0);
+  EXPECT_NEAR(constant.fixed(64), 0.0005, 1e-9);
+}
+
 // Host time changes (another machine, a slower spell): the decayed sums follow it.
 TEST(OverheadModel, FollowsAChangeOfHostSpeed) {
   OverheadModel m;

@@ -274,7 +274,9 @@ def test_the_engine_reports_every_step_for_the_price_of_time(setup):
     assert c.long_run_goodput >= g_star or c.price(g_star) < g_star
     # The controller's view of the load is engine telemetry; the last price follows the rule.
     view = llm.metrics()["policy"]
-    assert set(view) == {"typical_goodput", "long_run_goodput", "backlog_share", "price"}
+    assert set(view) == {"typical_goodput", "long_run_goodput", "backlog_share", "price", "host_ms"}
+    assert view["host_ms"] == pytest.approx({"per_step": 0.5, "per_request": 0.0, "per_drafting_request": 0.0,
+                                             "per_draft_token": 0.0, "per_draft_forward": 0.0}, abs=1e-5)
     assert view["typical_goodput"] > 0 and view["long_run_goodput"] == c.long_run_goodput
     assert view["backlog_share"] == c.backlog_share
     # (the price is the last decide's, the sums are one step later: the bounds are checked)

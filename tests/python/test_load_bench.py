@@ -422,21 +422,8 @@ def test_traces_record_step_shapes_and_old_traces_replay(tmp_path):
     replay([{"call": "observe_overhead", "seconds": 0.003}], old)  # no shape: the constant term
     assert old.overhead.predict(16, 8, 40, 4) == pytest.approx(0.003, rel=1e-4)
 
-    class OldStyle:
-        methods = ("ngram",)
+    class OldStyle(specd.NoSpeculation):
         seen = []
-
-        def decide(self, batch):
-            return []
-
-        def observe(self, *a):
-            pass
-
-        def observe_forward(self, *a):
-            pass
-
-        def forget(self, *a):
-            pass
 
         def observe_overhead(self, seconds):
             self.seen.append(seconds)

@@ -23,16 +23,27 @@
 //   five unknowns, so its optimum is the best of the unconstrained optima over the subsets of
 //   coefficients that come out non-negative (32 subsets, each a 5 x 5 solve at most).
 // - Features the data cannot tell apart get a tiny ridge (1e-7), relative to each feature's
-//   own weighted sum of squares, on every coefficient: steps in which every request drafts the
-//   same k make drafting_requests proportional to requests, and a batch that never changes
-//   size makes requests proportional to the constant. Each such group of features then
-//   shares the time it explains equally (x_j c_j alike), rather than by rounding. (Without a
-//   ridge on the constant, a controller that drafted k = 4 for all 8 requests in every step
-//   put the whole step's host time into the constant: speculation looked free, and it never
-//   learnt otherwise.) A plain step (prefill, or a request that does not draft) then tells
-//   the parts apart; the ridge must stay far below such a rare observation's weight (at
-//   1e-3 one plain step among fifty drafting ones was predicted at 6.7 ms instead of 0.5). A feature never seen non-zero keeps a coefficient of 0, so a controller
-//   that has not yet speculated prices speculation's host time at 0 until it measures some.
+//   own weighted sum of squares: steps in which every request drafts the same k make
+//   drafting_requests proportional to requests, and a batch that never changes size makes
+//   requests proportional to the constant. Such a group of features then shares the time it
+//   explains equally (x_j c_j alike) instead of by rounding. Without a ridge on the
+//   constant, a controller that drafted k = 4 for all 8 requests in every step put the whole
+//   step's host time into the constant: speculation looked free, and it never learnt
+//   otherwise.
+// - The per-request coefficient is fitted only once steps of two batch sizes or more were
+//   seen (until then it is 0 and the constant takes its share): from one batch size nothing
+//   says how host time grows with the batch, and it is extrapolated the furthest (to the
+//   forecast batch of a load ramp). Shared equally with the constant, the first step of a
+//   run (one request, 0.5 ms) priced a step of 64 requests at 16 ms.
+//   A step of another shape (prefill, a request that does not draft, another batch) then
+//   tells the parts apart; the ridge must stay far below such a rare observation's weight
+//   (at 1e-3 one plain step among fifty drafting ones was predicted at 6.7 ms instead of
+//   0.5). A feature never seen non-zero keeps a coefficient of 0, so a controller that has
+//   not yet speculated prices speculation's host time at 0 until it measures some.
+// - A per-item coefficient below a nanosecond is rounding residue of the solve and is set to
+//   0. (Where the host time was constant, residue of 1e-10 s per drafting request broke a tie
+//   between two equally good plans the other way, and the suffix sweep at 23.9 requests/s
+//   went from 0.952x to 1.014x the best static k: that rate is that sensitive.)
 // - Old data fades only relative to new data, so a coefficient measured while speculating
 //   stays while a run decodes plainly for a long time.
 // - Before the first sample predict() returns 0 and has_data() is false.

@@ -63,10 +63,11 @@ def add_parser(sub) -> None:
     g.add_argument("--draft-ms", type=float, default=4.0, help="draft forward time below the knee (ms)")
     g.add_argument("--draft-knee", type=int, default=64)
     g.add_argument("--draft-per-token-us", type=float, default=50.0)
-    g.add_argument("--overhead-ms", type=float, default=0.5, help="per-step time outside the forwards (ms)")
+    g.add_argument("--overhead-ms", type=float, default=None,
+                   help="constant per-step time outside the forwards (ms; default 0.5, or the GPU profile's)")
     g.add_argument("--gpu-profile", type=Path, metavar="JSON",
                    help="forward times MEASURED on a GPU (bench/gpu/profile_forwards.py; e.g. "
-                        "docs/bench/gpu/h100_forward_profile.json) in place of the knee model and --overhead-ms")
+                        "docs/bench/gpu/h100_forward_profile.json) in place of the knee model")
     g.add_argument("--host-ms", metavar="R,D,T,F",
                    help="host time by step shape on top of the step overhead, in ms: per request, per drafting "
                         "request, per draft token, per draft forward (speculation's own host costs; default: the "
@@ -218,11 +219,15 @@ def _simulated(args, target, draft, method, log):
     if args.gpu_profile is not None:  # read before the traces: a bad file fails fast
         profile = MeasuredProfile.load(args.gpu_profile)
     world = ReplayWorld(cached_traces(cache_dir() / "traces", key, make))
+    if args.overhead_ms is not None and not args.overhead_ms >= 0:
+        raise InvalidArgumentError(f"--overhead-ms must be >= 0, got {args.overhead_ms}")
     if args.gpu_profile is None:
         profile = GPUProfile(target_base=args.target_ms / 1e3, target_knee=args.target_knee,
                              target_per_token=args.target_per_token_us / 1e6, draft_base=args.draft_ms / 1e3,
                              draft_knee=args.draft_knee, draft_per_token=args.draft_per_token_us / 1e6,
-                             step_overhead=args.overhead_ms / 1e3)
+                             step_overhead=(0.5 if args.overhead_ms is None else args.overhead_ms) / 1e3)
+    elif args.overhead_ms is not None:
+        profile = dataclasses.replace(profile, step_overhead=args.overhead_ms / 1e3)
     if host is not None:
         profile = dataclasses.replace(profile, host=host)
     longest = max(len(p) for p in world.prompts) + args.max_tokens + 16

@@ -116,10 +116,14 @@ class GoodputPolicy:
     def metrics(self) -> dict:
         """The controller's view of the load at the last step, in tokens/s: the typical
         (decode-only) step's optimal goodput G*, the long-run goodput G_run, the share of
-        recent steps that left requests waiting, and the price of time it planned with."""
+        recent steps that left requests waiting, and the price of time it planned with; and
+        the host time outside the forwards it has learnt, in ms (host_ms: per step, per
+        request, per drafting request, per draft token, per draft forward)."""
         c = self.controller
+        host = dict(zip(("per_step", "per_request", "per_drafting_request", "per_draft_token", "per_draft_forward"),
+                        (1e3 * x for x in c.overhead.coefficients)))
         return {"typical_goodput": c.last_typical_goodput, "long_run_goodput": c.long_run_goodput,
-                "backlog_share": c.backlog_share, "price": c.last_price}
+                "backlog_share": c.backlog_share, "price": c.last_price, "host_ms": host}
 
     def forget(self, request: Request) -> None:
         self.controller.forget(request.id, len(request.output_ids))
