@@ -12,7 +12,8 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  draft graph's sampling before it called the kernel); ops.sampling_probs (mixed);
                  the per-row torch loop (torch_sampling.py, mixed fp32); and what the draft
                  loop runs now, ops.sample_tokens_and_probs, vs the torch rows at 1, 8 and 64
-                 rows (temperature 0.8 and top-p 0.9, bf16)
+                 rows (temperature 0.8 and top-p 0.9, bf16), and its _out form (what the draft
+                 graph calls) vs the functional op plus a copy into the buffer
   verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
@@ -303,6 +304,15 @@ def bench_sampling(s: Setup) -> list[dict]:
             out.append(row(s, "sample_tokens_and_probs", shape, specd, "torch batched rows", base, check,
                            rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
             print(f"  draft sampling {shape}: {specd['dev_us']:.1f} us", flush=True)
+            # The draft graph's form: the rows written into its buffer, against the functional
+            # op plus the copy the graph made before.
+            buf = torch.empty_like(probs)
+            into = s.measure(lambda: ops.sample_tokens_and_probs_out(logits, params, k_rows, buf))
+            then_copy = s.measure(lambda: buf.copy_(ops.sample_tokens_and_probs(logits, params, k_rows)[1]))
+            ops.sample_tokens_and_probs_out(logits, params, k_rows, buf)
+            out.append(row(s, "sample_tokens_and_probs_out", shape, into, "functional op + copy into the buffer",
+                           then_copy, f"rows equal the functional op's={torch.equal(buf, probs)}",
+                           rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
     return out
 
 

@@ -210,6 +210,24 @@ def test_sample_tokens_and_sampling_probs_equal_references(dtype):
         assert int(tokens[r]) == _core.sample_token(ref, 7, r, 1, r + 100)
     both_tokens, both_probs, both_status = ops.sample_tokens_and_probs(logits, params, keys)
     assert torch.equal(both_tokens, tokens) and torch.equal(both_probs, probs) and torch.equal(both_status, status)
+    # The _out form writes the same rows into a buffer (a block of a larger one, as the draft
+    # graph's), overwriting whatever was there.
+    buf = torch.full((3, len(PARAMS), 40), float("nan"))
+    out_tokens, out_status = ops.sample_tokens_and_probs_out(logits, params, keys, buf[1])
+    assert torch.equal(out_tokens, tokens) and torch.equal(out_status, status) and torch.equal(buf[1], probs)
+    assert buf[0].isnan().all() and buf[2].isnan().all()
+
+
+def test_sample_tokens_and_probs_out_errors():
+    logits, params = torch.zeros(2, 5), param_rows(PARAMS[:2])
+    keys = ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(4))
+    op = ops.sample_tokens_and_probs_out
+    with pytest.raises(errors.InvalidArgumentError, match="probs must be torch.float32"):
+        op(logits, params, keys, torch.zeros(2, 5, dtype=torch.float64))
+    with pytest.raises(errors.InvalidArgumentError, match="probs must have shape"):
+        op(logits, params, keys, torch.zeros(2, 6))
+    with pytest.raises(errors.InvalidArgumentError, match="probs must be contiguous"):
+        op(logits, params, keys, torch.zeros(5, 2).t())
 
 
 def test_sampling_statuses_and_64_bit_seeds():
@@ -330,10 +348,11 @@ def opcheck_samples():
                                  ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(0)),
                                  "independent", 0)),
         (ops.sample_tokens_and_probs, (logits, params, keys)),
+        (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20))),
     ]
 
 
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(13))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -355,7 +374,7 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)

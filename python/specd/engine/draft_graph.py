@@ -371,8 +371,7 @@ class DraftGraphRunner:
     def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, sampling: bool, positions: torch.Tensor) -> None:
         if sampling:
             buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
-            tokens, probs = sample_draft_rows(logits, buf.params, buf.keys)
-            buf.probs[j].copy_(probs)
+            tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j])
         else:
             tokens = torch.argmax(logits, dim=-1)
         buf.tokens[j].copy_(tokens)

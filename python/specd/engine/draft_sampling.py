@@ -14,7 +14,7 @@ valid input id for the draft forwards that follow in the same call.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -52,9 +52,15 @@ def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requ
     return packed.to(device), keys.to(device)
 
 
-def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor,
-                      keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,
+                      out: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits ``[m, vocab]``, packed params ``[m, 4]`` and keys ``[m, 3]`` -> (tokens int64
-    ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device."""
-    tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys)
+    ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device. With ``out``
+    (contiguous float32 ``[m, vocab]``, e.g. a draft graph buffer's row block) the
+    distributions are written there and ``out`` is returned: no second copy of them."""
+    if out is None:
+        tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys)
+    else:
+        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out)
+        probs = out
     return torch.where(status == 0, tokens, 0).to(torch.int64), probs

@@ -1,6 +1,6 @@
 """Custom ops of the batched sampling and verification kernels (rules:
 cpp/include/specd/sampling_batch.h, verify_batch.h): ``specd::sample_tokens``,
-``specd::sampling_probs``, ``specd::sample_tokens_and_probs``, ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
+``specd::sampling_probs``, ``specd::sample_tokens_and_probs`` (and its ``_out`` form), ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
 ``specd::verify_stochastic``.
 
 Per-row parameters travel as packed int64 words built on the rows' device (no host sync):
@@ -19,11 +19,11 @@ from typing import Optional
 import torch
 
 from specd import _core
-from specd.ops._checks import (common_device, expect, fail, index, kernel_dtype, launch,
+from specd.ops._checks import (common_device, expect, expect_shape, fail, index, kernel_dtype, launch,
                                no_kernel_for_device, register_kernels, rows)
 
-__all__ = ["sample_tokens", "sampling_probs", "sample_tokens_and_probs", "verify_greedy", "verify_greedy_tokens", "verify_stochastic",
-           "pack_sampling_params", "pack_rng_keys"]
+__all__ = ["sample_tokens", "sampling_probs", "sample_tokens_and_probs", "sample_tokens_and_probs_out", "verify_greedy",
+           "verify_greedy_tokens", "verify_stochastic", "pack_sampling_params", "pack_rng_keys"]
 
 _WORD = 0xFFFFFFFF
 VerifyResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -110,7 +110,7 @@ def _sampling_probs(logits, params):
     logits, stride, dtype = _logits(op, "logits", logits)
     n, vocab = logits.shape
     params = _packed(op, "params", params, n, 4)
-    probs = torch.zeros((n, vocab), dtype=torch.float32, device=device)
+    probs = torch.empty((n, vocab), dtype=torch.float32, device=device)  # every element is written
     status = torch.zeros(n, dtype=torch.int32, device=device)
     if n:
         launch(device, _core.sampling_probs_batch_cpu, "sampling_probs_batch_cuda", logits.data_ptr(), dtype, n,
@@ -135,10 +135,21 @@ def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor,
 
 
 def _sample_tokens_and_probs(logits, params, rng):
-    device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens_and_probs", logits,
-                                                                                   params, rng)
+    return _sample_into("sample_tokens_and_probs", logits, params, rng)
+
+
+def _sample_into(op: str, logits, params, rng, probs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel of both sample_tokens_and_probs ops: (tokens, probs, status), the rows
+    written into ``probs`` (a new tensor when None)."""
+    device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs(op, logits, params, rng)
     n, vocab = logits.shape
-    probs = torch.zeros((n, vocab), dtype=torch.float32, device=device)
+    if probs is None:  # every element of a row is written (zeros on a failed row): no memset
+        probs = torch.empty((n, vocab), dtype=torch.float32, device=device)
+    common_device(op, logits=logits, probs=probs)
+    expect(op, "probs", probs, torch.float32, 2)
+    expect_shape(op, "probs", probs, (n, vocab))
+    if not probs.is_contiguous():
+        fail(op, "probs must be contiguous (its rows are written in place)")
     if n:
         launch(device, _core.sample_tokens_and_probs_batch_cpu, "sample_tokens_and_probs_batch_cuda",
                logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
@@ -151,6 +162,27 @@ def _(logits, params, rng):
     n = logits.shape[0]
     return (logits.new_empty((n,), dtype=torch.int32), logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((n,), dtype=torch.int32))
+
+
+@torch.library.custom_op("specd::sample_tokens_and_probs_out", mutates_args=("probs",))
+def sample_tokens_and_probs_out(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
+                                probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens_and_probs` writing the distributions into ``probs`` (float32
+    ``[rows, vocab]``, contiguous, on the logits' device; every element is overwritten) instead
+    of a new tensor: the draft graph's buffers take them with no copy. Returns (tokens int32
+    ``[rows]``, status int32 ``[rows]``)."""
+    no_kernel_for_device("sample_tokens_and_probs_out", logits, params, rng, probs)
+
+
+def _sample_tokens_and_probs_out(logits, params, rng, probs):
+    tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs)
+    return tokens, status
+
+
+@sample_tokens_and_probs_out.register_fake
+def _(logits, params, rng, probs):
+    n = logits.shape[0]
+    return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
 
 # ---- verification ----
@@ -291,6 +323,7 @@ def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampl
 register_kernels(sample_tokens, _sample_tokens)
 register_kernels(sampling_probs, _sampling_probs)
 register_kernels(sample_tokens_and_probs, _sample_tokens_and_probs)
+register_kernels(sample_tokens_and_probs_out, _sample_tokens_and_probs_out)
 register_kernels(verify_greedy, _verify_greedy)
 register_kernels(verify_greedy_tokens, _verify_greedy_tokens)
 register_kernels(verify_stochastic, _verify_stochastic)
