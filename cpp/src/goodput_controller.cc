@@ -75,8 +75,8 @@ Status GoodputController::validate_config() const {
 
 StepCostModel GoodputController::costs(double reference, int64_t base_tokens, int64_t requests) const {
   const int64_t limit = base_tokens > 0 ? target_.explored_limit(base_tokens) : 0;
-  return StepCostModel{&target_,          uses_draft() ? &draft_view_ : nullptr, overhead_.fixed(requests), reference,
-                       limit,             overhead_.speculation_costs()};
+  return StepCostModel{&target_, uses_draft() ? &draft_view_ : nullptr, overhead_.fixed(requests), reference, limit,
+                       overhead_.speculation_costs()};
 }
 
 std::vector<std::vector<double>> GoodputController::gains(RequestId id, int32_t cap, bool explore,
@@ -437,7 +437,8 @@ Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, doub
 
 Status GoodputController::observe_overhead(double seconds, const StepShape& shape) {
   SPECD_RETURN_IF_ERROR(validate_config());
-  SPECD_RETURN_IF_ERROR(overhead_.observe(shape, seconds));
+  // A step timed a hair shorter than its forwards (clock rounding) took no host time.
+  SPECD_RETURN_IF_ERROR(overhead_.observe(shape, seconds < 0.0 ? 0.0 : seconds));
   load_.tick(seconds);
   return Status::Ok();
 }

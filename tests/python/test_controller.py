@@ -316,9 +316,14 @@ def test_the_engine_reports_each_steps_shape_with_its_host_time(setup):
     full = [sh for sh in drafting if sh.draft_tokens == 3 * sh.drafting_requests]
     assert len(full) >= len(drafting) // 2 and all(sh.draft_forwards == 3 for sh in full)
     assert sum(sh.draft_tokens for sh in drafting) == sum(o.metrics.draft_tokens for o in outs)
-    llm = specd.LLM(target, good_draft, spec, policy=OldStyle(3, ("draft",)), timer=SyntheticTimer(profile))
+
+    class OldTimer(SyntheticTimer):  # a timer written before step shapes
+        def step_seconds(self, forward_seconds):
+            return forward_seconds + 0.001
+
+    llm = specd.LLM(target, good_draft, spec, policy=OldStyle(3, ("draft",)), timer=OldTimer(profile))
     assert [o.token_ids for o in llm.generate(prompts[:2], greedy(max_tokens=20))] == [b[:20] for b in baseline[:2]]
-    assert len(old_style) == llm.engine.steps
+    assert len(old_style) == llm.engine.steps and all(s == pytest.approx(0.001) for s in old_style)
 
 
 def test_goodput_learns_the_host_time_of_speculation_and_prices_it(setup):

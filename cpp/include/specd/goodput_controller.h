@@ -216,8 +216,9 @@ class GoodputController {
   // of the request's last decide; without one, `predicted`).
   Status observe_tree(RequestId id, int32_t proposer, double predicted, int32_t accepted);
   Status observe_forward(ForwardKind kind, int64_t tokens, double seconds);
-  // One step's time outside the forwards, and what the step did (overhead_model.h). Bad
-  // shapes or times are kInvalidArgument (nothing is learnt from them).
+  // One step's time outside the forwards, and what the step did (overhead_model.h). A
+  // negative time (a step timed a hair shorter than its forwards) counts as 0; negative
+  // counts and NaN or infinite times are kInvalidArgument (nothing is learnt from them).
   Status observe_overhead(double seconds, const StepShape& shape);
   // One whole step: the tokens it emitted for all requests (accepted drafts plus bonus
   // tokens; 0 for a prefill-only step), its time (forwards and overhead together) and the

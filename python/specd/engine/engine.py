@@ -17,7 +17,7 @@ from specd.engine import model_runner
 from specd.engine.batch_verify import VerifyInputs, verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
-from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook
+from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
 from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.timer import WallTimer, causal_keys
@@ -60,6 +60,7 @@ class Engine:
         self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
         self._draft_trees: dict[int, DraftTree] = {}  # request id -> this step's draft-model tree
         self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
+        self._step_seconds = shape_aware(self.timer.step_seconds)  # (forward seconds, StepShape)
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
         self.steps = 0
@@ -153,7 +154,7 @@ class Engine:
         shape = StepShape(len(items), sum(1 for it in deciding if it.k > 0),
                           sum(trees[it.request.id].num_drafts for it in deciding),
                           self.timings.draft_forwards - draft_forwards)
-        step_s = self.timer.step_seconds(forward_s, shape)
+        step_s = self._step_seconds(forward_s, shape)
         if self._observe_overhead is not None:
             self._observe_overhead(step_s - forward_s, shape)
         observe_step = getattr(self.policy, "observe_step", None)

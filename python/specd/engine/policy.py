@@ -62,20 +62,25 @@ class StepShape:
     draft_forwards: int = 0     # draft-model forwards the step ran
 
 
-def overhead_hook(policy) -> Optional[Callable[[float, StepShape], None]]:
-    """The policy's ``observe_overhead`` as a function of (seconds, shape), or None when it has
-    none. A hook written for ``observe_overhead(seconds)`` alone is called without the shape."""
-    hook = getattr(policy, "observe_overhead", None)
-    if hook is None:
-        return None
+def shape_aware(fn: Callable) -> Callable[[float, StepShape], object]:
+    """``fn`` as a function of (seconds, shape): itself when it takes a second positional
+    argument, else a wrapper that drops the shape (hooks and timers written before step
+    shapes: ``observe_overhead(seconds)``, ``step_seconds(forward_seconds)``)."""
     try:
-        params = inspect.signature(hook).parameters.values()
+        params = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin without a signature: the current protocol
-        return hook
+        return fn
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params):
-        return hook
-    return lambda seconds, shape: hook(seconds)
+        return fn
+    return lambda seconds, shape: fn(seconds)
+
+
+def overhead_hook(policy) -> Optional[Callable[[float, StepShape], None]]:
+    """The policy's ``observe_overhead`` as a function of (seconds, shape) (:func:`shape_aware`),
+    or None when it has none."""
+    hook = getattr(policy, "observe_overhead", None)
+    return None if hook is None else shape_aware(hook)
 
 
 @dataclass

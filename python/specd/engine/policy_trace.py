@@ -152,6 +152,7 @@ def replay(events: Sequence[dict], policy: SpeculationPolicy) -> list[ReplayedDe
         return requests.setdefault(rid, _Request(rid))
 
     out: list[ReplayedDecision] = []
+    hook = overhead_hook(policy)
     for i, e in enumerate(events):
         call = e.get("call")
         if call == "decide":
@@ -181,7 +182,6 @@ def replay(events: Sequence[dict], policy: SpeculationPolicy) -> list[ReplayedDe
             if hasattr(policy, call):
                 policy.observe_tree(req(e["request"]), e["method"], e["predicted"], e["accepted"])
         elif call == "observe_overhead":
-            hook = overhead_hook(policy)
             if hook is not None:  # traces older than step shapes: a shapeless step (constant term only)
                 hook(e["seconds"], StepShape(*e.get("shape", ())))
         elif call in _HOOK_ARGS:
