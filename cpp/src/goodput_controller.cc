@@ -163,7 +163,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   });
 
   // The backlog's throughput (header): under a backlog the draft model may be ruled out.
-  const bool draft_ok = draft_serves_backlog(all, price);
+  const bool draft_ok = draft_serves_backlog(batch, all, price);
   Allocation plan;
   if (typical && draft_ok && price >= steady.goodput) {
     plan = std::move(steady);
@@ -214,7 +214,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   return Status::Ok();
 }
 
-bool GoodputController::draft_serves_backlog(Span<const Gains> all, double price) const {
+bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch, Span<const Gains> all,
+                                             double price) const {
   const std::optional<double> prompt = load_.prompt_tokens();
   if (!uses_draft() || waiting_ == 0 || !prompt || !target_.has_data() || all.empty()) return true;
   const auto p = static_cast<int64_t>(std::llround(*prompt));
@@ -226,28 +227,66 @@ bool GoodputController::draft_serves_backlog(Span<const Gains> all, double price
   const double a_draft = std::max(0.0, draft_view_.predict(n + p) - draft_view_.predict(n));
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
   // The typical step's plan at the price, with or without the draft model: its steady-state
-  // throughput with the admissions its tokens bring (header), and whether it drafts at all.
-  const auto serve = [&](bool with_draft, bool* drafts) {
+  // throughput with the admissions its tokens bring (header), and which requests draft.
+  const auto serve = [&](bool with_draft, std::vector<bool>* users) {
     std::vector<bool> allowed(static_cast<std::size_t>(num_proposers()), true);
     allowed[static_cast<std::size_t>(draft_proposer_)] = with_draft;
     StepProblem step;
     step.draft_width = config_.draft_tree_width;
     for (const Gains& g : all) step.add(1, g, config_.proposer_uses_draft, in_sync, allowed);
     Allocation plan;
-    *drafts = false;
+    users->assign(all.size(), false);
     if (!optimize_goodput(step.finish(), costs(price, n, n), &plan).ok() || !(plan.expected_seconds > 0)) return 0.0;
     double drafted = 0.0;  // tokens of the requests that draft with the draft model
     for (std::size_t i = 0; i < all.size(); ++i)
-      if (plan.k[i] > 0 && plan.option[i] == draft_proposer_)
+      if (plan.k[i] > 0 && plan.option[i] == draft_proposer_) {
         drafted += 1.0 + sum_first(all[i][static_cast<std::size_t>(draft_proposer_)], plan.k[i]);
-    *drafts = drafted > 0;
+        (*users)[i] = true;
+      }
     const double e = plan.expected_tokens;
     const double share = e > 0 ? drafted / e : 0.0;
     return e / (plan.expected_seconds + e / per_request * (a_target + share * a_draft));
   };
-  bool drafts = false, none = false;
-  const double with = serve(true, &drafts);
-  return !drafts || with > serve(false, &none);
+  std::vector<bool> users, unused;
+  const double with = serve(true, &users);
+  if (std::none_of(users.begin(), users.end(), [](bool u) { return u; })) return true;
+  const double without = serve(false, &unused);
+  if (!(with > without)) return false;
+  // Switching the draft on (header, "Switching on under a backlog"): the drafts of decoding
+  // requests that are behind must first be caught up, once, and that time must be won back
+  // over the batch's remaining tokens (what the batch may still generate, at most the tokens
+  // of a typical request each).
+  int64_t excess = 0, drafting = 0;
+  double remaining = 0.0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const ControllerRequest& r = batch[i];
+    remaining += std::min(static_cast<double>(r.remaining_tokens), per_request);
+    if (!users[i]) continue;
+    ++drafting;
+    excess += std::max(0, r.draft_catch_up - std::max(2, r.base_tokens));
+  }
+  if (excess == 0) return true;
+  const double switch_cost = catch_up_seconds(2 * drafting, excess, n);
+  return remaining / with + switch_cost < remaining / without;
+}
+
+double GoodputController::catch_up_seconds(int64_t base, int64_t tokens, int64_t verified) const {
+  // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
+  // do, scaled by the two models' forward times; before the draft was ever timed, as much as
+  // the target's (the first catch-up is not free: on a CPU it can take seconds).
+  const double ratio = !draft_.has_data() ? 1.0
+                       : target_.predict(1) > 0 ? draft_view_.predict(1) / target_.predict(1) : 0.0;
+  // Up to twice the largest size the draft was timed at, its own curve prices the catch-up
+  // (header, rule 4); the target's scaled curve is only a floor beyond that. (On a 2-core
+  // CPU the draft/target ratio is 0.4 at one token and 0.25 at 179: the floor put a 171-token
+  // catch-up at 1.6 s where the draft's own measurements said 0.9 s.)
+  const std::vector<std::pair<double, double>> timed = draft_.measured();
+  const double draft_reach = timed.empty() ? 0.0 : 2.0 * timed.back().first;
+  const double own = draft_view_.predict(base + tokens) - draft_view_.predict(base);
+  const double floor = static_cast<double>(base + tokens) <= draft_reach
+                           ? 0.0
+                           : ratio * (target_.predict(verified + tokens) - target_.predict(verified));
+  return std::max({own, floor, 0.0});
 }
 
 std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequest> batch,
@@ -284,17 +323,6 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
   }
   const double draft_token = std::max(0.0, draft_view_.predict(users + 1) - draft_view_.predict(users));
   const HostCosts host = overhead_.speculation_costs();
-  // Before the draft's costs have a slope, its tokens are assumed to cost what the target's
-  // do, scaled by the two models' forward times; before the draft was ever timed, as much as
-  // the target's (the first catch-up is not free: on a CPU it can take seconds).
-  const double ratio = !draft_.has_data() ? 1.0
-                       : target_.predict(1) > 0 ? draft_view_.predict(1) / target_.predict(1) : 0.0;
-  // Up to twice the largest size the draft was timed at, its own curve prices the catch-up
-  // (header, rule 4); the target's scaled curve is only a floor beyond that. (On a 2-core
-  // CPU the draft/target ratio is 0.4 at one token and 0.25 at 179: the floor put a 171-token
-  // catch-up at 1.6 s where the draft's own measurements said 0.9 s.)
-  const std::vector<std::pair<double, double>> timed = draft_.measured();
-  const double draft_reach = timed.empty() ? 0.0 : 2.0 * timed.back().first;
   std::vector<bool> invest(n, false);
   for (std::size_t i = 0; i < n; ++i) {
     if (behind[i] == 0) {
@@ -309,13 +337,7 @@ std::vector<bool> GoodputController::worth_catching_up(Span<const ControllerRequ
                          k * host.per_draft_token + host.per_drafting_request;
     const double per_step = extra / goodput - delta;
     const double steps_left = static_cast<double>(batch[i].remaining_tokens) / (1.0 + extra);
-    const int64_t base = users + 1;
-    const double own = draft_view_.predict(base + behind[i]) - draft_view_.predict(base);
-    const double floor = static_cast<double>(base + behind[i]) <= draft_reach
-                             ? 0.0
-                             : ratio * (target_.predict(verified + behind[i]) - target_.predict(verified));
-    const double wait = std::max({own, floor, 0.0});
-    invest[i] = steps_left * per_step > wait;
+    invest[i] = steps_left * per_step > catch_up_seconds(users + 1, behind[i], verified);
   }
   return invest;
 }

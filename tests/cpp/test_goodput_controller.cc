@@ -544,6 +544,45 @@ TEST(GoodputController, TheDraftModelIsRuledOutWhereItSlowsTheBacklog) {
   }
 }
 
+TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
+  // The backlog of the test above (128 waiting, 200-token prompts, 64 tokens per request)
+  // with a draft of 1 ms + 0.7 us per token at acceptance 0.9: with the admissions its
+  // tokens bring it serves the backlog 4.4% faster than plain decoding (11.45 against 10.97
+  // tokens per ms), which over the batch's remaining 64 x 64 tokens saves 16 ms. A batch of
+  // 64 decoding requests drafts when in sync and when each request's draft is 200 tokens
+  // behind (a catch-up of 12.7k tokens, 9 ms); 400 tokens behind (25.5k tokens, 18 ms) the
+  // switch does not pay and nobody drafts, though every request's own catch-up test (rule 4)
+  // passes, as it shows without the queue.
+  const auto drafting = [](bool queued, int32_t catch_up) {
+    GoodputController c(unexplored_config({true}, 8));
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536}) {
+        EXPECT_TRUE(c.observe_forward(ForwardKind::kTarget, n, 0.0024 + 0.00001 * static_cast<double>(n)).ok());
+        EXPECT_TRUE(c.observe_forward(ForwardKind::kDraft, n, 0.001 + 0.0000007 * static_cast<double>(n)).ok());
+      }
+    constant_overhead(&c, 0.0008);
+    std::vector<int32_t> warm;
+    run_steps(&c, decode_batch(1, 8, 1, 1000), 0.9, 20, &warm);  // the acceptance
+    c.observe_load(queued ? 128 : 0, 64);
+    std::vector<ControllerDecision> d;
+    std::vector<ControllerRequest> arriving;  // the batch's prompts: what the forecast averages
+    for (RequestId id = 0; id < 64; ++id) arriving.push_back(ControllerRequest{id, 200, 8, 200, 64});
+    EXPECT_TRUE(c.decide(arriving, &d).ok());
+    for (RequestId id = 2000; id < 2064; ++id) c.forget(id, 64);  // G_run is trusted from here
+    for (int i = 0; i < 300; ++i) EXPECT_TRUE(c.observe_step(64, 0.012, queued ? 128 : 0).ok());
+    std::vector<ControllerRequest> batch;
+    for (RequestId id = 0; id < 64; ++id) batch.push_back(ControllerRequest{id, 1, 8, catch_up, 64});
+    EXPECT_TRUE(c.decide(batch, &d).ok());
+    int n = 0;
+    for (const ControllerDecision& x : d) n += x.k > 0 ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(drafting(true, 2), 64);
+  EXPECT_EQ(drafting(true, 202), 64);
+  EXPECT_EQ(drafting(true, 402), 0);
+  EXPECT_EQ(drafting(false, 402), 64);
+}
+
 // Draft-model trees (draft_tree_width > 1) are sized after the draft grew them: the draft's
 // most probable path gets the chain's gains (the learned per-depth acceptance), other nodes a
 // share scaled by the draft's confidence relative to their best sibling; the nodes that pay

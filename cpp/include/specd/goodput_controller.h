@@ -113,6 +113,19 @@
 //    128 waited, the draft's catch-ups over the admitted prompts cost more than the drafts
 //    saved, and its latency was 1.184x that of plain decoding.) Model-free proposers have
 //    no admission cost of their own and are not restricted.
+// Switching on under a backlog: when the draft model may be used (above) but drafting
+//    requests are behind (draft_catch_up beyond max(2, base_tokens): decoding requests
+//    that did not draft lately; a prompt's own prefill is the admission cost above), their
+//    catch-up is paid once, before any gain: the draft's time for all their missing tokens
+//    in one forward (priced as in rule 4). The draft model is then used only if that time is
+//    won back over the batch's remaining tokens W (each request's remaining_tokens, at most
+//    R): W / with + catch-up < W / without, with and without the two throughputs above.
+//    (Each request's own test, rule 4, assumes drafting goes on for the rest of the request;
+//    under a backlog where the two throughputs differed by a percent or two, the draft was
+//    switched off, the batch fell behind, and every few dozen steps all 64 requests caught
+//    up 1.4k-9.2k tokens, 7-37 ms of draft time, to draft for one to four steps before it
+//    was switched off again: 1.067x the latency of plain decoding on the H100 profile with
+//    its host costs by shape at 738 requests/s, arrival seed 1; with this rule, 1.037x.)
 // Feedback: observe() after each verification, observe_forward() after each forward,
 // observe_overhead() and observe_step() once per step, observe_load() before decide(),
 // forget() at the end of a request.
@@ -260,7 +273,11 @@ class GoodputController {
   std::vector<std::vector<double>> gains(RequestId id, int32_t cap, bool explore,
                                          Span<const std::vector<double>> node_probs = {}) const;
   // The backlog's throughput rule: whether the draft model may be used in this step.
-  bool draft_serves_backlog(Span<const std::vector<std::vector<double>>> gains, double price) const;
+  bool draft_serves_backlog(Span<const ControllerRequest> batch, Span<const std::vector<std::vector<double>>> gains,
+                            double price) const;
+  // The batch's wait for `tokens` draft tokens to catch up beside a draft forward of `base`
+  // tokens, in a step verifying `verified` target tokens (rule 4's pricing).
+  double catch_up_seconds(int64_t base, int64_t tokens, int64_t verified) const;
   std::vector<bool> worth_catching_up(Span<const ControllerRequest> batch,
                                       const std::vector<std::vector<std::vector<double>>>& gains,
                                       const Allocation& steady) const;
