@@ -128,6 +128,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   draft_view_ = draft_.has_data() || waiting_ == 0 ? draft_.shaped_like(target_) : target_;
   draft_guessed_ = draft_.measured().size() < 2;
   for (const ControllerRequest& r : batch) load_.arrive(r.id, r.base_tokens, r.remaining_tokens);
+  decode_tokens_ = 0;  // until the decisions: a step's target forward beyond it is prefill
+  target_forward_pending_ = true;
   if (n == 0) return Status::Ok();
 
   std::vector<Gains> all(n);
@@ -195,6 +197,7 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   for (std::size_t i = 0; i < n; ++i) {
     ControllerDecision& d = (*decisions_out)[i];
     d.k = plan.k[i];
+    decode_tokens_ += (batch[i].base_tokens == 1 ? 1 : 0) + d.k;  // drafts are not prompt tokens
     d.proposer = d.k > 0 ? plan.option[i] : -1;
     d.predicted_tokens = 1.0 + (d.k > 0 ? sum_first(all[i][static_cast<std::size_t>(d.proposer)], d.k) : 0.0);
     // Exploration by forgetting (acceptance_estimator.h): proposers the request could use
@@ -222,9 +225,12 @@ bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch
   if (p <= 0) return true;
   const auto n = static_cast<int64_t>(all.size());
   const double per_request = load_.request_tokens();
-  // One admitted prompt's prefill beside the batch's tokens: the target's, and the draft's.
-  const double a_target = std::max(0.0, target_.predict(n + p) - target_.predict(n));
-  const double a_draft = std::max(0.0, draft_view_.predict(n + p) - draft_view_.predict(n));
+  // One admitted prompt's share of a prefill beside the batch's tokens, prompts being
+  // prefilled `chunk` tokens per step on average: the target's, and the draft's.
+  const auto chunk = static_cast<int64_t>(std::llround(std::max<double>(static_cast<double>(p), load_.prefill_chunk().value_or(0.0))));
+  const double share_of_chunk = static_cast<double>(p) / static_cast<double>(chunk);
+  const double a_target = share_of_chunk * std::max(0.0, target_.predict(n + chunk) - target_.predict(n));
+  const double a_draft = share_of_chunk * std::max(0.0, draft_view_.predict(n + chunk) - draft_view_.predict(n));
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
   // The typical step's plan at the price, with or without the draft model: its steady-state
   // throughput with the admissions its tokens bring (header), and which requests draft.
@@ -349,6 +355,8 @@ Status GoodputController::size_trees(Span<const TreeSizingRequest> trees, int64_
     return error_status(StatusCode::kInvalidArgument, "GoodputController::size_trees: no draft-model proposer");
   if (other_tokens < 0)
     return error_status(StatusCode::kInvalidArgument, "GoodputController::size_trees: other_tokens must be >= 0");
+  // The trees' nodes replace the decided depths: this step's prefill is not measured.
+  target_forward_pending_ = false;
   const std::size_t n = trees.size();
   std::vector<std::vector<int32_t>> ranked(n);  // [tree] nodes by gain
   std::vector<std::vector<double>> raw(n);      // [tree][node] uncalibrated gain
@@ -454,6 +462,10 @@ Status GoodputController::observe_tree(RequestId id, int32_t proposer, double pr
 Status GoodputController::observe_forward(ForwardKind kind, int64_t tokens, double seconds) {
   load_.tick(seconds);
   if (tokens <= 0) return Status::Ok();
+  if (kind == ForwardKind::kTarget && target_forward_pending_) {  // the step's prefill (header)
+    load_.prefill(tokens - decode_tokens_);
+    target_forward_pending_ = false;
+  }
   return (kind == ForwardKind::kTarget ? target_ : draft_).observe(tokens, seconds);
 }
 

@@ -34,6 +34,10 @@ void LoadForecast::queue(int64_t waiting, int32_t max_batch) {
   max_batch_ = std::max(1, max_batch);
 }
 
+void LoadForecast::prefill(int64_t prompt_tokens) {
+  if (prompt_tokens > 0) average(&prefill_chunk_, static_cast<double>(prompt_tokens));
+}
+
 std::optional<double> LoadForecast::rate(double step_seconds) const {
   if (arrivals_.size() < kMinArrivals) return std::nullopt;
   return static_cast<double>(arrivals_.size()) / std::max({clock_ - arrivals_.front(), step_seconds, 1e-9});

@@ -106,6 +106,16 @@ TEST(LoadForecast, RulesOfTheHeader) {
     heavy.tick(0.04);
   }
   EXPECT_EQ(heavy.batch(8, target), 64);
+
+  LoadForecast chunks;  // prompt tokens per prefilling step, steps without prompts not counted
+  EXPECT_FALSE(chunks.prefill_chunk().has_value());
+  chunks.prefill(0);
+  EXPECT_FALSE(chunks.prefill_chunk().has_value());
+  chunks.prefill(1000);
+  chunks.prefill(0);
+  EXPECT_DOUBLE_EQ(*chunks.prefill_chunk(), 1000.0);
+  chunks.prefill(2000);  // exponential average, kDecay kept
+  EXPECT_DOUBLE_EQ(*chunks.prefill_chunk(), LoadForecast::kDecay * 1000.0 + (1 - LoadForecast::kDecay) * 2000.0);
 }
 
 TEST(GoodputController, UselessProposerGoesToZeroGoodOneIsUsed) {
@@ -581,6 +591,63 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
   EXPECT_EQ(drafting(true, 202), 64);
   EXPECT_EQ(drafting(true, 402), 0);
   EXPECT_EQ(drafting(false, 402), 64);
+}
+
+TEST(GoodputController, AdmissionsArePricedAsTheEngineBatchesThem) {
+  // A backlog of 128; 200-token prompts, 64 tokens per request, acceptance 0.8. The target's
+  // forward is flat (2.4 ms) up to 256 tokens, then 10 us per token; the draft's 1 ms, then
+  // 3 us. Prompts that were prefilled one per step (the target forwards of the steps that
+  // prefilled, beyond their decoding requests, measure it) cost 0.08 ms of target time each beside
+  // the 64-token batch, inside the flat part, and drafting serves the backlog faster.
+  // Prefilled 16 per step (3200 tokens), each costs its share of a forward far beyond the
+  // knee, 1.88 ms of target time and 0.56 ms of draft time; the drafting engine admits more
+  // prompts per second of its steps, and plain decoding now serves the backlog faster.
+  const auto drafting = [](int prompts_per_step) {
+    GoodputController c(unexplored_config({true}, 8));
+    for (int rep = 0; rep < 3; ++rep)
+      for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192}) {
+        EXPECT_TRUE(c.observe_forward(ForwardKind::kTarget, n, knee_seconds(n, 0.0024, 256, 0.00001)).ok());
+        EXPECT_TRUE(c.observe_forward(ForwardKind::kDraft, n, knee_seconds(n, 0.001, 256, 0.000003)).ok());
+      }
+    constant_overhead(&c, 0.0008);
+    std::vector<int32_t> warm;
+    run_steps(&c, decode_batch(1, 8, 1, 1000), 0.8, 20, &warm);  // the acceptance
+    c.observe_load(128, 64);
+    std::vector<ControllerDecision> d;
+    for (RequestId first = 0; first < 64; first += prompts_per_step) {  // the prefills
+      std::vector<ControllerRequest> arriving;
+      for (RequestId id = first; id < first + prompts_per_step; ++id)
+        arriving.push_back(ControllerRequest{id, 200, 8, 200, 64});
+      EXPECT_TRUE(c.decide(arriving, &d).ok());
+      const int64_t tokens = 200 * prompts_per_step;  // the step's target forward: its prefill
+      EXPECT_TRUE(c.observe_forward(ForwardKind::kTarget, tokens, knee_seconds(tokens, 0.0024, 256, 0.00001)).ok());
+    }
+    for (RequestId id = 2000; id < 2064; ++id) c.forget(id, 64);  // G_run is trusted from here
+    for (int i = 0; i < 300; ++i) EXPECT_TRUE(c.observe_step(64, 0.012, 128).ok());
+    EXPECT_TRUE(c.decide(decode_batch(64, 8, 2), &d).ok());
+    int n = 0;
+    for (const ControllerDecision& x : d) n += x.k > 0 ? 1 : 0;
+    return n;
+  };
+  EXPECT_EQ(drafting(1), 64);
+  EXPECT_EQ(drafting(16), 0);
+
+  // The measurement: a step's target forward beyond its decoding requests' 1 + k tokens.
+  GoodputController c(unexplored_config({true}, 8));
+  teach(&c, 0.0024, 0.00001, 0.001);
+  std::vector<ControllerRequest> batch = decode_batch(4, 8);
+  batch.push_back(ControllerRequest{7, 300, 8, 300, 64});
+  std::vector<ControllerDecision> d;
+  SPECD_ASSERT_OK(c.decide(batch, &d));
+  int64_t decoding = 0;
+  for (int i = 0; i < 4; ++i) decoding += 1 + d[static_cast<std::size_t>(i)].k;
+  EXPECT_FALSE(c.load().prefill_chunk().has_value());
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 400, 0.002));  // not the target's
+  EXPECT_FALSE(c.load().prefill_chunk().has_value());
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, decoding + 300, 0.006));
+  SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kTarget, 500, 0.006));  // a second forward: not the step's
+  ASSERT_TRUE(c.load().prefill_chunk().has_value());
+  EXPECT_DOUBLE_EQ(*c.load().prefill_chunk(), 300.0);
 }
 
 // Draft-model trees (draft_tree_width > 1) are sized after the draft grew them: the draft's

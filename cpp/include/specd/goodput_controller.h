@@ -105,10 +105,18 @@
 //    admission work (P prompt tokens per arrival, R tokens per request: LoadForecast).
 //    So while requests wait, the typical step's plan at the price (3) is compared with
 //    the best plan without the draft model in steady-state throughput, admissions included:
-//    E / (T + E / R (a_target + s a_draft)), with a_target and a_draft the target's and the
-//    draft's time for one prompt beside the batch and s the share of the plan's tokens that
-//    drafting requests emit; if the plan without the draft model serves the backlog faster,
-//    no request may use the draft model in this step. (On the H100-profile sweep at 620
+//    E / (T + E / R (a_target + s a_draft)), with s the share of the plan's tokens that
+//    drafting requests emit and a_target and a_draft the target's and the draft's time for
+//    one prompt as the engine admits them: its share (P / C) of the prefill of C prompt
+//    tokens beside the batch, C the prompt tokens per step that prefills (at least P): a
+//    step's target forward beyond its decoding requests' last tokens (base 1) and every
+//    request's drafts, averaged by LoadForecast::prefill_chunk (not measured in steps whose draft trees
+//    size_trees sized: their verified nodes are not the decided k). If the plan without the draft model serves the backlog
+//    faster, no request may use the draft model in this step. (Priced one prompt at a time
+//    beside the batch, admissions are dearer than they are where prompts are prefilled
+//    together and the cost curve is steeper at small sizes: on the H100 profile with its
+//    host costs by shape at 738 requests/s, plain decoding looked 0.3% faster while static
+//    k = 2 served 0.8% more tokens per second.) (On the H100-profile sweep at 620
 //    requests/s, traces recorded in bfloat16: goodput drafted k = 3-6 for 64 requests while
 //    128 waited, the draft's catch-ups over the admitted prompts cost more than the drafts
 //    saved, and its latency was 1.184x that of plain decoding.) Model-free proposers have
@@ -295,6 +303,12 @@ class GoodputController {
   // Decayed sums behind long_run_goodput() and backlog_share().
   double run_tokens_ = 0.0, run_seconds_ = 0.0, run_steps_ = 0.0, backlog_steps_ = 0.0;
   double last_g_star_ = 0.0, last_price_ = 0.0;
+  // The last decide's verified tokens that are not prompt tokens (1 per decoding request,
+  // base_tokens 1, and every request's k drafts), and whether its step's target forward is
+  // still to come: the forward's tokens beyond them are the step's prefill
+  // (LoadForecast::prefill).
+  int64_t decode_tokens_ = 0;
+  bool target_forward_pending_ = false;
   LoadForecast load_;
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
   // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).

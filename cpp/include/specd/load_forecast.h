@@ -9,7 +9,9 @@
 // - arrivals: a request counts as arrived when it is first seen (arrive());
 // - per arrival, its prompt tokens (the target's prefill work) and the tokens it may still
 //   generate; per finished request, the tokens it did generate;
-// - the scheduler's queue: requests waiting beyond the step's batch, and the batch limit.
+// - the scheduler's queue: requests waiting beyond the step's batch, and the batch limit;
+// - per step that prefills, its prompt tokens (prefill()): how many the engine admits
+//   together, which the goodput controller's backlog rule prices admissions by.
 //
 // Forecast (Little's law on the decode batch). With arrival rate lambda (the last kWindow
 // arrivals over the clock since the oldest of them), R tokens per request (the mean at
@@ -45,6 +47,9 @@ class LoadForecast {
   void arrive(RequestId id, int64_t prompt_tokens, int64_t remaining_tokens);
   void finish(RequestId id, int64_t generated_tokens);
   void queue(int64_t waiting, int32_t max_batch);
+  // One step's prompt tokens prefilled (the controller: its target forward beyond the decoding
+  // requests' verification); steps without any (<= 0) are not counted.
+  void prefill(int64_t prompt_tokens);
 
   // Arrivals per busy second, or nullopt before kMinArrivals arrivals.
   std::optional<double> rate(double step_seconds) const;
@@ -56,13 +61,15 @@ class LoadForecast {
   // tokens generated per request (measured once kMinFinished requests finished, before that
   // what arrivals may generate; 1 before any arrival).
   std::optional<double> prompt_tokens() const { return prompt_tokens_; }
+  // Prompt tokens per step that prefills (nullopt before any): how admissions are batched.
+  std::optional<double> prefill_chunk() const { return prefill_chunk_; }
   double request_tokens() const;
 
  private:
   double clock_ = 0.0;
   std::deque<double> arrivals_;
   std::unordered_set<RequestId> seen_;
-  std::optional<double> prompt_tokens_, arrival_tokens_, generated_tokens_;
+  std::optional<double> prompt_tokens_, arrival_tokens_, generated_tokens_, prefill_chunk_;
   int32_t finished_ = 0;
   int64_t waiting_ = 0;
   int32_t max_batch_ = 0;  // 0: not told yet
