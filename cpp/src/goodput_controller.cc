@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <limits>
 #include <numeric>
 #include <utility>
@@ -157,6 +158,16 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   const Span<const SpecRequest> typical_requests = typical_step.finish();
   Allocation steady;
   SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n), static_cast<int64_t>(n)), &steady));
+  // The typical step's share of tokens from requests that draft with the draft model (price).
+  double expected = 0.0, drafted = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const int32_t k = steady.k[i];
+    const double tokens = 1.0 + (k > 0 ? sum_first(all[i][static_cast<std::size_t>(steady.option[i])], k) : 0.0);
+    expected += tokens;
+    drafted += k > 0 && steady.option[i] == draft_proposer_ ? tokens : 0.0;
+  }
+  draft_share_ = expected > 0 ? drafted / expected : 0.0;
+  last_batch_ = static_cast<int64_t>(n);
   const double price = this->price(steady.goodput);
   last_g_star_ = steady.goodput;
   last_price_ = price;
@@ -219,18 +230,12 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
 
 bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch, Span<const Gains> all,
                                              double price) const {
-  const std::optional<double> prompt = load_.prompt_tokens();
-  if (!uses_draft() || waiting_ == 0 || !prompt || !target_.has_data() || all.empty()) return true;
-  const auto p = static_cast<int64_t>(std::llround(*prompt));
-  if (p <= 0) return true;
+  if (!uses_draft() || waiting_ == 0 || all.empty()) return true;
   const auto n = static_cast<int64_t>(all.size());
+  const std::optional<std::pair<double, double>> admission = admission_seconds(n);
+  if (!admission) return true;
+  const auto [a_target, a_draft] = *admission;
   const double per_request = load_.request_tokens();
-  // One admitted prompt's share of a prefill beside the batch's tokens, prompts being
-  // prefilled `chunk` tokens per step on average: the target's, and the draft's.
-  const auto chunk = static_cast<int64_t>(std::llround(std::max<double>(static_cast<double>(p), load_.prefill_chunk().value_or(0.0))));
-  const double share_of_chunk = static_cast<double>(p) / static_cast<double>(chunk);
-  const double a_target = share_of_chunk * std::max(0.0, target_.predict(n + chunk) - target_.predict(n));
-  const double a_draft = share_of_chunk * std::max(0.0, draft_view_.predict(n + chunk) - draft_view_.predict(n));
   const std::vector<int32_t> in_sync(static_cast<std::size_t>(num_proposers()), 2);  // as the typical step's
   // The typical step's plan at the price, with or without the draft model: its steady-state
   // throughput with the admissions its tokens bring (header), and which requests draft.
@@ -274,6 +279,19 @@ bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch
   if (excess == 0) return true;
   const double switch_cost = catch_up_seconds(2 * drafting, excess, n);
   return remaining / with + switch_cost < remaining / without;
+}
+
+std::optional<std::pair<double, double>> GoodputController::admission_seconds(int64_t n) const {
+  const std::optional<double> prompt = load_.prompt_tokens();
+  if (!prompt || !target_.has_data()) return std::nullopt;
+  const auto p = static_cast<int64_t>(std::llround(*prompt));
+  if (p <= 0) return std::nullopt;
+  // One prompt's share of a prefill of `chunk` tokens beside the batch (header).
+  const auto chunk = static_cast<int64_t>(
+      std::llround(std::max<double>(static_cast<double>(p), load_.prefill_chunk().value_or(0.0))));
+  const double share = static_cast<double>(p) / static_cast<double>(chunk);
+  return std::make_pair(share * std::max(0.0, target_.predict(n + chunk) - target_.predict(n)),
+                        uses_draft() ? share * std::max(0.0, draft_view_.predict(n + chunk) - draft_view_.predict(n)) : 0.0);
 }
 
 double GoodputController::catch_up_seconds(int64_t base, int64_t tokens, int64_t verified) const {
@@ -491,8 +509,14 @@ Status GoodputController::observe_step(int64_t emitted_tokens, double seconds, i
 }
 
 double GoodputController::price(double g_star) const {
-  const double run = long_run_goodput();
+  double run = long_run_goodput();
   if (waiting_ == 0 || run <= 0 || run >= g_star || finished_ < max_batch_) return g_star;
+  // The draft's admission work that drafting brings per emitted token (header): a second of
+  // a drafting step is worth that many more tokens.
+  if (const std::optional<std::pair<double, double>> admission = admission_seconds(last_batch_)) {
+    const double busy = run * draft_share_ * admission->second / load_.request_tokens();
+    run = busy < 1.0 ? std::min(g_star, run / (1.0 - busy)) : g_star;
+  }
   const double w = backlog_share();
   return (1 - w) * g_star + w * run;
 }

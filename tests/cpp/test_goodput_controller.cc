@@ -563,7 +563,7 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
   // behind (a catch-up of 12.7k tokens, 9 ms); 400 tokens behind (25.5k tokens, 18 ms) the
   // switch does not pay and nobody drafts, though every request's own catch-up test (rule 4)
   // passes, as it shows without the queue.
-  const auto drafting = [](bool queued, int32_t catch_up) {
+  const auto drafting = [](bool queued, int32_t catch_up, double* price = nullptr) {
     GoodputController c(unexplored_config({true}, 8));
     for (int rep = 0; rep < 3; ++rep)
       for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536}) {
@@ -585,23 +585,31 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
     EXPECT_TRUE(c.decide(batch, &d).ok());
     int n = 0;
     for (const ControllerDecision& x : d) n += x.k > 0 ? 1 : 0;
+    if (price != nullptr) *price = c.last_price();
     return n;
   };
-  EXPECT_EQ(drafting(true, 2), 64);
+  double price = 0.0;
+  EXPECT_EQ(drafting(true, 2, &price), 64);
+  // The price of that step: G_run (64 tokens per 12 ms) marked up for the draft's admission
+  // work (every request drafts: 0.14 ms of draft prefill per 200-token prompt, one per 64
+  // emitted tokens).
+  const double run = 64 / 0.012;
+  EXPECT_NEAR(price, run / (1 - run * 0.00014 / 64), 1.0);
   EXPECT_EQ(drafting(true, 202), 64);
   EXPECT_EQ(drafting(true, 402), 0);
   EXPECT_EQ(drafting(false, 402), 64);
 }
 
 TEST(GoodputController, AdmissionsArePricedAsTheEngineBatchesThem) {
-  // A backlog of 128; 200-token prompts, 64 tokens per request, acceptance 0.8. The target's
+  // A backlog of 128; 200-token prompts, 64 tokens per request, acceptance 0.7. The target's
   // forward is flat (2.4 ms) up to 256 tokens, then 10 us per token; the draft's 1 ms, then
   // 3 us. Prompts that were prefilled one per step (the target forwards of the steps that
-  // prefilled, beyond their decoding requests, measure it) cost 0.08 ms of target time each beside
-  // the 64-token batch, inside the flat part, and drafting serves the backlog faster.
-  // Prefilled 16 per step (3200 tokens), each costs its share of a forward far beyond the
-  // knee, 1.88 ms of target time and 0.56 ms of draft time; the drafting engine admits more
-  // prompts per second of its steps, and plain decoding now serves the backlog faster.
+  // prefilled, beyond their decoding requests, measure it) cost 0.08 ms of target time each
+  // beside the 64-token batch, inside the flat part: drafting serves the backlog at 20.7
+  // tokens per ms against 19.5 for plain decoding. Prefilled 16 per step (3200 tokens), each
+  // costs its share of a forward far beyond the knee, 1.88 ms of target time and 0.56 ms of
+  // draft time; the drafting engine admits more prompts per second of its steps, and plain
+  // decoding serves the backlog faster (12.6 against 11.8).
   const auto drafting = [](int prompts_per_step) {
     GoodputController c(unexplored_config({true}, 8));
     for (int rep = 0; rep < 3; ++rep)
@@ -611,7 +619,7 @@ TEST(GoodputController, AdmissionsArePricedAsTheEngineBatchesThem) {
       }
     constant_overhead(&c, 0.0008);
     std::vector<int32_t> warm;
-    run_steps(&c, decode_batch(1, 8, 1, 1000), 0.8, 20, &warm);  // the acceptance
+    run_steps(&c, decode_batch(1, 8, 1, 1000), 0.7, 20, &warm);  // the acceptance
     c.observe_load(128, 64);
     std::vector<ControllerDecision> d;
     for (RequestId first = 0; first < 64; first += prompts_per_step) {  // the prefills
@@ -639,7 +647,7 @@ TEST(GoodputController, AdmissionsArePricedAsTheEngineBatchesThem) {
   batch.push_back(ControllerRequest{7, 300, 8, 300, 64});
   std::vector<ControllerDecision> d;
   SPECD_ASSERT_OK(c.decide(batch, &d));
-  int64_t decoding = 0;
+  int64_t decoding = d[4].k;  // the prefilling request's drafts are not prompt tokens either
   for (int i = 0; i < 4; ++i) decoding += 1 + d[static_cast<std::size_t>(i)].k;
   EXPECT_FALSE(c.load().prefill_chunk().has_value());
   SPECD_ASSERT_OK(c.observe_forward(ForwardKind::kDraft, 400, 0.002));  // not the target's

@@ -98,6 +98,19 @@
 //    and lies far below the rate the backlog will be served at (on the H100-profile sweep
 //    at 553 requests/s it was a fifth of it 14 steps in, and the drafts it bought lowered
 //    throughput by 14%). Until then the price is G*.
+//    The draft's admission work: a drafting engine also makes the draft prefill every prompt
+//    it admits (a_draft below, per admitted request), one per R emitted tokens of drafting
+//    requests; time spent on it is not in a step's T. So where the typical step's plan
+//    has a share s of its expected tokens from requests drafting with the draft model, a
+//    second of a step is worth G_run / (1 - G_run s a_draft / R) tokens instead of G_run
+//    (at most G*): each token emitted sooner brings that much more draft prefill sooner.
+//    (At G_run alone, on the H100 profile with its host costs by shape at 738 requests/s,
+//    the drafting plan at the backlog price went to k = 3-4 and served the backlog more
+//    slowly than plain decoding, so the draft was switched off where static k = 2 is 1.4%
+//    faster than plain decoding: 1.017x the latency of plain decoding; with the markup,
+//    1.005x. Marking up for the target's admission work too, which every plan brings,
+//    made that row 0.980x, but the suffix-tree sweep's backlog rows lost 3-8%: there the
+//    lower price's larger trees shorten the running requests' service, which dominates.)
 // The backlog's throughput (the draft model under a backlog): the price above weighs a
 //    step's own tokens and time, but a drafting engine also makes the draft model prefill
 //    every prompt it admits (its catch-up), and under a backlog tokens emitted sooner only
@@ -110,9 +123,10 @@
 //    one prompt as the engine admits them: its share (P / C) of the prefill of C prompt
 //    tokens beside the batch, C the prompt tokens per step that prefills (at least P): a
 //    step's target forward beyond its decoding requests' last tokens (base 1) and every
-//    request's drafts, averaged by LoadForecast::prefill_chunk (not measured in steps whose draft trees
-//    size_trees sized: their verified nodes are not the decided k). If the plan without the draft model serves the backlog
-//    faster, no request may use the draft model in this step. (Priced one prompt at a time
+//    request's drafts, averaged by LoadForecast::prefill_chunk (not measured in steps
+//    whose draft trees size_trees sized: their verified nodes are not the decided k). If
+//    the plan without the draft model serves the backlog faster, no request may use the
+//    draft model in this step. (Priced one prompt at a time
 //    beside the batch, admissions are dearer than they are where prompts are prefilled
 //    together and the cost curve is steeper at small sizes: on the H100 profile with its
 //    host costs by shape at 738 requests/s, plain decoding looked 0.3% faster while static
@@ -133,15 +147,18 @@
 //    switched off, the batch fell behind, and every few dozen steps all 64 requests caught
 //    up 1.4k-9.2k tokens, 7-37 ms of draft time, to draft for one to four steps before it
 //    was switched off again: 1.067x the latency of plain decoding on the H100 profile with
-//    its host costs by shape at 738 requests/s, arrival seed 1; with this rule, 1.037x.)
+//    its host costs by shape at 738 requests/s, arrival seed 1; with this rule, 1.037x,
+//    and with the admissions and the price above, 1.005x.)
 // Feedback: observe() after each verification, observe_forward() after each forward,
 // observe_overhead() and observe_step() once per step, observe_load() before decide(),
 // forget() at the end of a request.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "specd/acceptance_estimator.h"
@@ -283,6 +300,10 @@ class GoodputController {
   // The backlog's throughput rule: whether the draft model may be used in this step.
   bool draft_serves_backlog(Span<const ControllerRequest> batch, Span<const std::vector<std::vector<double>>> gains,
                             double price) const;
+  // One admitted prompt's prefill time beside a batch of n tokens, as the engine batches
+  // admissions: the target's and the draft's (0 without a draft); nullopt before any prompt
+  // or target timing.
+  std::optional<std::pair<double, double>> admission_seconds(int64_t n) const;
   // The batch's wait for `tokens` draft tokens to catch up beside a draft forward of `base`
   // tokens, in a step verifying `verified` target tokens (rule 4's pricing).
   double catch_up_seconds(int64_t base, int64_t tokens, int64_t verified) const;
@@ -308,6 +329,10 @@ class GoodputController {
   // still to come: the forward's tokens beyond them are the step's prefill
   // (LoadForecast::prefill).
   int64_t decode_tokens_ = 0;
+  // The last decide's batch size, and the share of its typical step's expected tokens from
+  // requests drafting with the draft model: price()'s admission work of the draft.
+  int64_t last_batch_ = 1;
+  double draft_share_ = 0.0;
   bool target_forward_pending_ = false;
   LoadForecast load_;
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
