@@ -176,7 +176,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   });
 
   // The backlog's throughput (header): under a backlog the draft model may be ruled out.
-  const bool draft_ok = draft_serves_backlog(batch, all, price);
+  std::vector<bool> may_catch_up;
+  const bool draft_ok = draft_serves_backlog(batch, all, price, &may_catch_up);
   Allocation plan;
   if (typical && draft_ok && price >= steady.goodput) {
     plan = std::move(steady);
@@ -184,7 +185,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
     SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(price, static_cast<int64_t>(n), static_cast<int64_t>(n)), &plan));
   } else {
     // Requests may use the draft model where their catch-up pays (rule 4) and the backlog allows.
-    const std::vector<bool> invest = draft_ok ? worth_catching_up(batch, all, steady) : std::vector<bool>(n, false);
+    std::vector<bool> invest = draft_ok ? worth_catching_up(batch, all, steady) : std::vector<bool>(n, false);
+    for (std::size_t i = 0; i < n; ++i) invest[i] = invest[i] && may_catch_up[i];
     StepProblem step;
     step.draft_width = config_.draft_tree_width;
     for (std::size_t i = 0; i < n; ++i) {
@@ -229,7 +231,8 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
 }
 
 bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch, Span<const Gains> all,
-                                             double price) const {
+                                             double price, std::vector<bool>* may_catch_up) const {
+  may_catch_up->assign(batch.size(), true);
   if (!uses_draft() || waiting_ == 0 || all.empty()) return true;
   const auto n = static_cast<int64_t>(all.size());
   const std::optional<std::pair<double, double>> admission = admission_seconds(n);
@@ -263,22 +266,21 @@ bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch
   if (std::none_of(users.begin(), users.end(), [](bool u) { return u; })) return true;
   const double without = serve(false, &unused);
   if (!(with > without)) return false;
-  // Switching the draft on (header, "Switching on under a backlog"): the drafts of decoding
-  // requests that are behind must first be caught up, once, and that time must be won back
-  // over the batch's remaining tokens (what the batch may still generate, at most the tokens
-  // of a typical request each).
-  int64_t excess = 0, drafting = 0;
-  double remaining = 0.0;
+  // Catching up under a backlog (header, "Switching on under a backlog"): a drafting request
+  // whose draft is behind catches up, once, only if its share of the time drafting saves
+  // over the batch's remaining tokens wins that back (its remaining tokens, at most the
+  // tokens of a typical request).
+  int64_t drafting = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) drafting += users[i] ? 1 : 0;
+  const double saved_per_token = 1.0 / without - 1.0 / with;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const ControllerRequest& r = batch[i];
-    remaining += std::min(static_cast<double>(r.remaining_tokens), per_request);
-    if (!users[i]) continue;
-    ++drafting;
-    excess += std::max(0, r.draft_catch_up - std::max(2, r.base_tokens));
+    const int64_t excess = std::max(0, r.draft_catch_up - std::max(2, r.base_tokens));
+    if (!users[i] || excess == 0) continue;
+    const double remaining = std::min(static_cast<double>(r.remaining_tokens), per_request);
+    (*may_catch_up)[i] = catch_up_seconds(2 * drafting, excess, n) < remaining * saved_per_token;
   }
-  if (excess == 0) return true;
-  const double switch_cost = catch_up_seconds(2 * drafting, excess, n);
-  return remaining / with + switch_cost < remaining / without;
+  return true;
 }
 
 std::optional<std::pair<double, double>> GoodputController::admission_seconds(int64_t n) const {

@@ -561,9 +561,10 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
   // tokens per ms), which over the batch's remaining 64 x 64 tokens saves 16 ms. A batch of
   // 64 decoding requests drafts when in sync and when each request's draft is 200 tokens
   // behind (a catch-up of 12.7k tokens, 9 ms); 400 tokens behind (25.5k tokens, 18 ms) the
-  // switch does not pay and nobody drafts, though every request's own catch-up test (rule 4)
-  // passes, as it shows without the queue.
-  const auto drafting = [](bool queued, int32_t catch_up, double* price = nullptr) {
+  // catch-ups do not pay and nobody drafts, though every request's own catch-up test (rule
+  // 4) passes, as it shows without the queue. Each request is judged by its own catch-up
+  // against its share of the time saved (64 tokens of the 4096).
+  const auto drafting = [](bool queued, int32_t catch_up, double* price = nullptr, int in_sync = 0) {
     GoodputController c(unexplored_config({true}, 8));
     for (int rep = 0; rep < 3; ++rep)
       for (int64_t n : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384, 65536}) {
@@ -581,7 +582,7 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
     for (RequestId id = 2000; id < 2064; ++id) c.forget(id, 64);  // G_run is trusted from here
     for (int i = 0; i < 300; ++i) EXPECT_TRUE(c.observe_step(64, 0.012, queued ? 128 : 0).ok());
     std::vector<ControllerRequest> batch;
-    for (RequestId id = 0; id < 64; ++id) batch.push_back(ControllerRequest{id, 1, 8, catch_up, 64});
+    for (RequestId id = 0; id < 64; ++id) batch.push_back(ControllerRequest{id, 1, 8, id < in_sync ? 2 : catch_up, 64});
     EXPECT_TRUE(c.decide(batch, &d).ok());
     int n = 0;
     for (const ControllerDecision& x : d) n += x.k > 0 ? 1 : 0;
@@ -598,6 +599,9 @@ TEST(GoodputController, SwitchingTheDraftOnUnderABacklogMustPayForTheCatchUps) {
   EXPECT_EQ(drafting(true, 202), 64);
   EXPECT_EQ(drafting(true, 402), 0);
   EXPECT_EQ(drafting(false, 402), 64);
+  // Half the batch in sync, half 400 tokens behind: the requests in sync draft, the others
+  // do not catch up (each one's catch-up against its own share of the time saved).
+  EXPECT_EQ(drafting(true, 402, nullptr, 32), 32);
 }
 
 TEST(GoodputController, AdmissionsArePricedAsTheEngineBatchesThem) {
