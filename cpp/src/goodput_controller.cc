@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <optional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 namespace specd {
@@ -44,6 +44,19 @@ double sum_first(const std::vector<double>& g, int32_t k) {
   double s = 0;
   for (int32_t j = 0; j < k && static_cast<std::size_t>(j) < g.size(); ++j) s += g[static_cast<std::size_t>(j)];
   return s;
+}
+
+// The expected tokens of `plan`'s requests that draft with proposer `draft` (the bonus
+// token included), and marks them in users (optional).
+double drafted_tokens(const Allocation& plan, Span<const Gains> all, int32_t draft, std::vector<bool>* users = nullptr) {
+  if (users != nullptr) users->assign(all.size(), false);
+  double drafted = 0.0;
+  for (std::size_t i = 0; i < all.size() && draft >= 0; ++i)
+    if (plan.k[i] > 0 && plan.option[i] == draft) {
+      drafted += 1.0 + sum_first(all[i][static_cast<std::size_t>(draft)], plan.k[i]);
+      if (users != nullptr) (*users)[i] = true;
+    }
+  return drafted;
 }
 
 }  // namespace
@@ -159,14 +172,9 @@ Status GoodputController::decide(Span<const ControllerRequest> batch, std::vecto
   Allocation steady;
   SPECD_RETURN_IF_ERROR(optimize_goodput(typical_requests, costs(0.0, static_cast<int64_t>(n), static_cast<int64_t>(n)), &steady));
   // The typical step's share of tokens from requests that draft with the draft model (price).
-  double expected = 0.0, drafted = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const int32_t k = steady.k[i];
-    const double tokens = 1.0 + (k > 0 ? sum_first(all[i][static_cast<std::size_t>(steady.option[i])], k) : 0.0);
-    expected += tokens;
-    drafted += k > 0 && steady.option[i] == draft_proposer_ ? tokens : 0.0;
-  }
-  draft_share_ = expected > 0 ? drafted / expected : 0.0;
+  draft_share_ = steady.expected_tokens > 0
+                     ? drafted_tokens(steady, Span<const Gains>(all), draft_proposer_) / steady.expected_tokens
+                     : 0.0;
   last_batch_ = static_cast<int64_t>(n);
   const double price = this->price(steady.goodput);
   last_g_star_ = steady.goodput;
@@ -251,12 +259,7 @@ bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch
     Allocation plan;
     users->assign(all.size(), false);
     if (!optimize_goodput(step.finish(), costs(price, n, n), &plan).ok() || !(plan.expected_seconds > 0)) return 0.0;
-    double drafted = 0.0;  // tokens of the requests that draft with the draft model
-    for (std::size_t i = 0; i < all.size(); ++i)
-      if (plan.k[i] > 0 && plan.option[i] == draft_proposer_) {
-        drafted += 1.0 + sum_first(all[i][static_cast<std::size_t>(draft_proposer_)], plan.k[i]);
-        (*users)[i] = true;
-      }
+    const double drafted = drafted_tokens(plan, all, draft_proposer_, users);
     const double e = plan.expected_tokens;
     const double share = e > 0 ? drafted / e : 0.0;
     return e / (plan.expected_seconds + e / per_request * (a_target + share * a_draft));
@@ -266,10 +269,9 @@ bool GoodputController::draft_serves_backlog(Span<const ControllerRequest> batch
   if (std::none_of(users.begin(), users.end(), [](bool u) { return u; })) return true;
   const double without = serve(false, &unused);
   if (!(with > without)) return false;
-  // Catching up under a backlog (header, "Switching on under a backlog"): a drafting request
-  // whose draft is behind catches up, once, only if its share of the time drafting saves
-  // over the batch's remaining tokens wins that back (its remaining tokens, at most the
-  // tokens of a typical request).
+  // Catching up under a backlog (header): a drafting request whose draft is behind catches
+  // up, once, only if its share of the time drafting saves wins that back: the saving per
+  // token over its remaining tokens (at most the tokens of a typical request).
   int64_t drafting = 0;
   for (std::size_t i = 0; i < batch.size(); ++i) drafting += users[i] ? 1 : 0;
   const double saved_per_token = 1.0 / without - 1.0 / with;

@@ -126,11 +126,11 @@
 //    request's drafts, averaged by LoadForecast::prefill_chunk (not measured in steps
 //    whose draft trees size_trees sized: their verified nodes are not the decided k). If
 //    the plan without the draft model serves the backlog faster, no request may use the
-//    draft model in this step. (Priced one prompt at a time
-//    beside the batch, admissions are dearer than they are where prompts are prefilled
-//    together and the cost curve is steeper at small sizes: on the H100 profile with its
-//    host costs by shape at 738 requests/s, plain decoding looked 0.3% faster while static
-//    k = 2 served 0.8% more tokens per second.) (On the H100-profile sweep at 620
+//    draft model in this step. (Priced one prompt at a time beside the batch, admissions
+//    are dearer than they are where prompts are prefilled together and the cost curve is
+//    steeper at small sizes: on the H100 profile with its host costs by shape at 738
+//    requests/s, plain decoding looked 0.3% faster while static k = 2 served 0.8% more
+//    tokens per second.) (On the H100-profile sweep at 620
 //    requests/s, traces recorded in bfloat16: goodput drafted k = 3-6 for 64 requests while
 //    128 waited, the draft's catch-ups over the admitted prompts cost more than the drafts
 //    saved, and its latency was 1.184x that of plain decoding.) Model-free proposers have
@@ -152,8 +152,8 @@
 //    switched off, the batch fell behind, and every few dozen steps all 64 requests caught
 //    up 1.4k-9.2k tokens, 7-37 ms of draft time, to draft for one to four steps before it
 //    was switched off again: 1.067x the latency of plain decoding on the H100 profile with
-//    its host costs by shape at 738 requests/s, arrival seed 1; with this rule, 1.037x,
-//    and with the admissions and the price above, 1.006x.)
+//    its host costs by shape at 738 requests/s, arrival seed 1; with the first version of
+//    this rule, 1.037x, and with the admissions and the price above, 1.006x.)
 // Feedback: observe() after each verification, observe_forward() after each forward,
 // observe_overhead() and observe_step() once per step, observe_load() before decide(),
 // forget() at the end of a request.
@@ -335,11 +335,11 @@ class GoodputController {
   // still to come: the forward's tokens beyond them are the step's prefill
   // (LoadForecast::prefill).
   int64_t decode_tokens_ = 0;
+  bool target_forward_pending_ = false;
   // The last decide's batch size, and the share of its typical step's expected tokens from
   // requests drafting with the draft model: price()'s admission work of the draft.
   int64_t last_batch_ = 1;
   double draft_share_ = 0.0;
-  bool target_forward_pending_ = false;
   LoadForecast load_;
   // [request] -> [proposer] the strength (summed node probabilities) of the candidate tree
   // it was last decided from, for observe_tree (AcceptanceEstimator's calibration classes).
