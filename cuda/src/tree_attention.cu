@@ -2,24 +2,14 @@
 
 #include <cmath>  // INFINITY
 #include <cstdint>
-#include <type_traits>
 
+#include "detail/attention_math.cuh"
 #include "detail/kv_dtype.cuh"
 
 namespace specd::cuda {
 namespace {
 
 constexpr int kDimsPerLane = kTreeAttentionMaxHeadDim / 32;  // lane holds dims lane + 32 * i
-
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;  // every lane holds the total
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
 
 // q . k for one key row of `dim` elements at k (element loads), q in shared memory (float).
 // Four partial sums keep the FMA chain short.
@@ -53,22 +43,6 @@ __device__ __forceinline__ float key_dot_aligned(const float* s_q, const T* k) {
     }
   }
   return (part[0] + part[1]) + (part[2] + part[3]);
-}
-
-// kN consecutive elements at src (aligned to min(16, kN * sizeof(T)) bytes) as floats: one
-// load of 4 or 8 bytes, or 16-byte loads.
-template <class T, int kN>
-__device__ __forceinline__ void load_floats(const T* src, float (&out)[kN]) {
-  constexpr int kBytes = kN * static_cast<int>(sizeof(T));
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes % 16 == 0, "4, 8 or a multiple of 16 bytes");
-  using Word = std::conditional_t<kBytes == 4, unsigned, std::conditional_t<kBytes == 8, uint2, uint4>>;
-  constexpr int kWords = kBytes < 16 ? 1 : kBytes / 16;
-  Word raw[kWords];
-#pragma unroll
-  for (int c = 0; c < kWords; ++c) raw[c] = __ldg(reinterpret_cast<const Word*>(src) + c);
-  const T* e = reinterpret_cast<const T*>(raw);
-#pragma unroll
-  for (int i = 0; i < kN; ++i) out[i] = detail::to_float(e[i]);
 }
 
 // Block (t, h): query token t, query head h, kWarps warps. params by value: its pointers are
@@ -128,12 +102,12 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
           score = key_dot(s_q, k_cache + off, dim) * p.scale;
         }
       }
-      const float tile_max = warp_max(score);
+      const float tile_max = detail::warp_max(score);
       if (tile_max == -INFINITY) continue;  // no key in the tile (uniform: every lane holds the max)
       const float m_new = fmaxf(m, tile_max);
       const float alpha = expf(m - m_new);  // rescales the old state; 0 at the first key
       const float weight = off >= 0 ? expf(score - m_new) : 0.f;
-      l = l * alpha + warp_sum(weight);
+      l = l * alpha + detail::warp_sum(weight);
 #pragma unroll
       for (int i = 0; i < kLaneDims; ++i) acc[i] *= alpha;
       // Eight keys at a time: their weights and rows from the lanes that scored them, all
@@ -148,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
           const long long o = __shfl_sync(0xffffffffu, off, j0 + u);
           if constexpr (kDpl > 0) {
             if (o >= 0) {
-              load_floats<T, kDpl>(v_cache + o + kDpl * lane, v8[u]);
+              detail::load_floats<T, kDpl>(v_cache + o + kDpl * lane, v8[u]);
             } else {
 #pragma unroll
               for (int i = 0; i < kLaneDims; ++i) v8[u][i] = 0.f;
@@ -200,22 +174,9 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
   }
 }
 
-// Lanes' dims of the aligned kernel for this launch: 2, 4 or 8 when head_dim is 64, 128 or
-// 256 and every K/V row the kernel reads starts 16 bytes aligned (the caches' base addresses
-// and the page stride; rows and heads are multiples of head_dim); else 0 (element loads).
-template <class T>
-int aligned_lane_dims(const TreeAttentionParams& p) {
-  constexpr int64_t kPer = 16 / sizeof(T);
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  const int32_t dim = p.layout.head_dim;
-  if (!(dim == 64 || dim == 128 || dim == 256)) return 0;
-  if (!aligned(p.k_cache) || !aligned(p.v_cache) || p.layout.page_stride % kPer != 0) return 0;
-  return dim / 32;
-}
-
 template <class T, int kWarps>
 void launch(const TreeAttentionParams& p, dim3 grid, cudaStream_t stream) {
-  switch (aligned_lane_dims<T>(p)) {
+  switch (detail::aligned_lane_dims<T>(p)) {
     case 2: tree_attention_kernel<T, kWarps, 2><<<grid, kWarps * 32, 0, stream>>>(p); break;
     case 4: tree_attention_kernel<T, kWarps, 4><<<grid, kWarps * 32, 0, stream>>>(p); break;
     case 8: tree_attention_kernel<T, kWarps, 8><<<grid, kWarps * 32, 0, stream>>>(p); break;

@@ -1,7 +1,9 @@
 // The CUDA tree-attention kernel against the CPU reference on random batches: fp32, fp16 and
 // bf16 (inputs rounded on the host, the reference computed from the rounded values), head_dim
 // from 1 to 256, GQA groups, trees past 64 nodes (two mask words), causal (no mask), wider
-// q/out token strides, and keys past the block table (skipped by both). Tolerances: fp32 1e-4,
+// q/out token strides, and keys past the block table (skipped by both). The grouped, split
+// kernel (cuda/tree_attention_grouped.h) against the same reference: groups of 1 to 16 query
+// heads per kv head (two blocks per group past 8), 1 to 64 splits, histories up to 3000 keys. Tolerances: fp32 1e-4,
 // fp16 4e-3, bf16 3e-2 (relative to 1 + |expected|: the output is rounded to the dtype and the
 // kernel accumulates in float). Skips without a CUDA device; argument validation runs anyway.
 #include <gtest/gtest.h>
@@ -15,6 +17,7 @@
 
 #include "cuda_test_util.h"
 #include "specd/cuda/tree_attention.h"
+#include "specd/cuda/tree_attention_grouped.h"
 #include "specd/tree_attention.h"
 #include "tree_attention_test_util.h"
 
@@ -26,7 +29,9 @@ double tolerance(KvDtype dtype) {
 }
 
 // Runs one batch in `dtype` on the device and through the CPU reference; compares.
-void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_stride, const char* label) {
+// grouped_splits 0: the per-head kernel; else the grouped kernel with that max_splits.
+void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_stride, const char* label,
+                 int32_t grouped_splits = 0) {
   const int64_t esize = kv_dtype_size(dtype);
   const int32_t dim = b.cache.layout.head_dim;
   const int64_t row = int64_t{b.q_heads} * dim, stride = row + extra_stride;
@@ -67,14 +72,27 @@ void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_strid
   p.query_start = d_start.get();
   p.kv_lens = d_lens.get();
   p.tree_mask = with_mask ? d_mask.get() : nullptr;
-  SPECD_CUDA_OK(cuda::tree_attention(p, nullptr));
+  if (grouped_splits == 0) {
+    SPECD_CUDA_OK(cuda::tree_attention(p, nullptr));
+  } else {
+    // Workspace filled with NaN: a merge that read a split the kernel did not write shows.
+    const int64_t floats = cuda::tree_attention_grouped_workspace_floats(p, grouped_splits);
+    DeviceBuffer<float> d_ws(std::vector<float>(static_cast<std::size_t>(floats), std::nanf("")));
+    ASSERT_TRUE(d_ws.get());
+    cuda::TreeAttentionWorkspace ws;
+    ws.data = floats > 0 ? d_ws.get() : nullptr;
+    ws.floats = floats;
+    ws.max_splits = grouped_splits;
+    SPECD_CUDA_OK(cuda::tree_attention_grouped(p, ws, nullptr));
+  }
   SPECD_CUDA_OK(cudaDeviceSynchronize());
   const std::vector<float> got = decode_floats(d_out.to_host(), dtype);
   ASSERT_EQ(got.size(), want.size());
   const double tol = tolerance(dtype);
   for (std::size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i])))
-        << label << " dtype " << kv_dtype_name(dtype) << " element " << i << " of " << got.size();
+        << label << " dtype " << kv_dtype_name(dtype) << " splits " << grouped_splits << " element " << i << " of "
+        << got.size();
 }
 
 TEST(TreeAttentionCuda, MatchesCpuReference) {
@@ -130,6 +148,78 @@ TEST(TreeAttentionCuda, BothWarpCountsMatchCpuReference) {
     }
   }
   EXPECT_TRUE(saw[0] && saw[1]) << "the trials did not cover both warp counts";
+}
+
+TEST(TreeAttentionGroupedCuda, MatchesCpuReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(79);
+  const int32_t dims[] = {1, 7, 32, 64, 80, 128, 256};
+  const int32_t groups[] = {1, 2, 7, 8, 12, 16};
+  const int32_t splits[] = {1, 3, 64, 5};
+  for (int trial = 0; trial < 48; ++trial) {
+    const int32_t dim = dims[trial % 7];
+    const int32_t group = groups[trial % 6];
+    const int32_t max_drafts = trial % 8 == 7 ? 80 : 1 + static_cast<int32_t>(rng() % 16);
+    const int32_t history = trial % 4 == 3 ? 3000 : trial % 4 == 1 ? 600 : 60;
+    AttnBatch b = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 5), max_drafts, group, dim, history);
+    for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
+      const std::string label = "grouped trial " + std::to_string(trial) + " group " + std::to_string(group);
+      check_batch(b, dtype, /*with_mask=*/trial % 5 != 4, /*extra_stride=*/trial % 3 == 0 ? 3 : 0, label.c_str(),
+                  splits[(trial / 7) % 4]);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(TreeAttentionGroupedCuda, SkipsKeysPastTheBlockTableLikeTheReference) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(83);
+  AttnBatch b = random_attn_batch(rng, 3, 6, 4, 64, 400);
+  b.kv_lens[1] = b.cache.width * b.cache.layout.block_size + 5;  // last 5 positions uncovered
+  check_batch(b, KvDtype::kFloat32, true, 0, "uncovered keys", 8);
+  AttnBatch c = random_attn_batch(rng, 2, 6, 8, 128, 2000);
+  c.kv_lens[0] = c.cache.width * c.cache.layout.block_size + 40;  // uncovered keys in a later split
+  check_batch(c, KvDtype::kBFloat16, true, 0, "uncovered keys, several splits", 16);
+}
+
+TEST(TreeAttentionGroupedCuda, SplitsAndWorkspaceFollowTheGrid) {
+  EXPECT_EQ(cuda::tree_attention_grouped_blocks(5, 14, 2), 10);   // group 7: one block per kv head
+  EXPECT_EQ(cuda::tree_attention_grouped_blocks(1, 32, 2), 4);    // group 16: two blocks per kv head
+  EXPECT_EQ(cuda::tree_attention_grouped_blocks(0, 14, 2), 0);
+  EXPECT_EQ(cuda::tree_attention_grouped_max_splits(10, 132), 53);  // ceil(4 * 132 / 10)
+  EXPECT_EQ(cuda::tree_attention_grouped_max_splits(1, 132), cuda::kTreeAttentionMaxSplits);
+  EXPECT_EQ(cuda::tree_attention_grouped_max_splits(64 * 9 * 2, 132), 1);
+  EXPECT_EQ(cuda::tree_attention_grouped_max_splits(10, 0), 1);
+  std::mt19937 rng(89);
+  const AttnBatch b = random_attn_batch(rng, 2, 3, 2, 16, 10);
+  std::vector<float> out;
+  const TreeAttentionParams p = attn_params(b, &out);
+  EXPECT_EQ(cuda::tree_attention_grouped_workspace_floats(p, 1), 0);
+  EXPECT_EQ(cuda::tree_attention_grouped_workspace_floats(p, 3), int64_t{p.num_tokens} * p.q_heads * 3 * 18);
+}
+
+TEST(TreeAttentionGroupedCuda, RejectsBadSplitsAndMissingWorkspaceWithoutLaunching) {
+  std::mt19937 rng(97);
+  const AttnBatch b = random_attn_batch(rng, 1, 2, 2, 8, 4);
+  std::vector<float> out;
+  const TreeAttentionParams p = attn_params(b, &out);
+  cuda::TreeAttentionWorkspace ws;
+  EXPECT_TRUE(cuda::validate_tree_attention_grouped_launch(p, ws).ok());  // one split: no workspace
+  ws.max_splits = 0;
+  EXPECT_FALSE(cuda::validate_tree_attention_grouped_launch(p, ws).ok());
+  ws.max_splits = cuda::kTreeAttentionMaxSplits + 1;
+  EXPECT_FALSE(cuda::validate_tree_attention_grouped_launch(p, ws).ok());
+  ws.max_splits = 4;
+  const Status missing = cuda::validate_tree_attention_grouped_launch(p, ws);
+  EXPECT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("workspace"), std::string::npos) << missing.message();
+  EXPECT_EQ(cuda::tree_attention_grouped(p, ws, nullptr), cudaErrorInvalidValue);
+  std::vector<float> small(static_cast<std::size_t>(cuda::tree_attention_grouped_workspace_floats(p, 4) - 1));
+  ws.data = small.data();
+  ws.floats = static_cast<int64_t>(small.size());
+  EXPECT_FALSE(cuda::validate_tree_attention_grouped_launch(p, ws).ok());
+  ws.floats += 1;
+  EXPECT_TRUE(cuda::validate_tree_attention_grouped_launch(p, ws).ok());
 }
 
 TEST(TreeAttentionCuda, RejectsUnsupportedShapesWithoutLaunching) {

@@ -391,18 +391,55 @@ def test_gpu_op_equals_cpu_op_exactly(cuda, index):
             assert torch.equal(g.cpu(), c)
 
 
+@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_gpu_tree_attention_close_to_cpu(cuda, dtype):
+def test_gpu_tree_attention_close_to_cpu(cuda, dtype, grouped):
     rng = np.random.default_rng(12)
     q, kc, vc, table, starts, kv_lens, mask = attention_case(rng, seqs=5)
     q, kc, vc = (t.to(dtype) for t in (q, kc, vc))
     # The CPU reference (float32 only) on the same 16-bit-rounded inputs: the kernel accumulates
     # in float, so only its rounding of the output (and of the scores) is left to tolerate.
     want = ops.tree_attention(q.float(), kc.float(), vc.float(), table, starts, kv_lens, mask)
-    got = ops.tree_attention(*to(cuda, (q, kc, vc, table, starts, kv_lens, mask)))
+    got = ops.tree_attention(*to(cuda, (q, kc, vc, table, starts, kv_lens, mask)), grouped=grouped)
     assert got.dtype == dtype and got.shape == want.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
+
+
+def long_history_case(rng, seqs=2, history=900, q_heads=14, kv_heads=2, dim=128, block=16):
+    """Requests with long histories (several KV splits for the grouped kernel) and small trees,
+    Qwen2.5-like GQA (7 query heads per kv head), pages shuffled over the pool."""
+    trees, _, _, _ = random_trees(rng, seqs, 50, max_nodes=9)
+    kv_lens = [history + int(rng.integers(0, 64)) + len(t) for t in trees]
+    width = max(-(-n // block) for n in kv_lens)
+    pages = rng.permutation(seqs * width).reshape(seqs, width)
+    kc = torch.from_numpy(rng.standard_normal((seqs * width, block, kv_heads, dim)).astype(np.float32))
+    vc = torch.from_numpy(rng.standard_normal((seqs * width, block, kv_heads, dim)).astype(np.float32))
+    starts = torch.tensor(np.concatenate([[0], np.cumsum([len(t) for t in trees])]), dtype=torch.int32)
+    q = torch.from_numpy(rng.standard_normal((int(starts[-1]), q_heads, dim)).astype(np.float32))
+    mask = torch.from_numpy(np.concatenate([t.ancestor_mask() for t in trees]).view(np.int64))
+    return (q, kc, vc, torch.from_numpy(pages.astype(np.int32)), starts, torch.tensor(kv_lens, dtype=torch.int32),
+            mask)
+
+
+def test_tree_attention_grouped_flag_keeps_the_cpu_reference():
+    case = long_history_case(np.random.default_rng(14), history=200, dim=16)
+    assert torch.equal(ops.tree_attention(*case, grouped=True), ops.tree_attention(*case))
+
+
+@pytest.mark.parametrize("seqs", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_grouped_tree_attention_over_long_histories(cuda, dtype, seqs):
+    """The split, head-grouped kernel against the CPU reference where its plan splits the keys
+    (batch 1: up to 64 splits) and against the per-head kernel on the same device."""
+    q, kc, vc, table, starts, kv_lens, mask = long_history_case(np.random.default_rng(15 + seqs), seqs=seqs)
+    q, kc, vc = (t.to(dtype) for t in (q, kc, vc))
+    want = ops.tree_attention(q.float(), kc.float(), vc.float(), table, starts, kv_lens, mask)
+    args = to(cuda, (q, kc, vc, table, starts, kv_lens, mask))
+    got = ops.tree_attention(*args, grouped=True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got.float(), ops.tree_attention(*args).float(), rtol=tol, atol=tol)
 
 
 def test_gpu_kv_write_bf16_on_strided_views(cuda):

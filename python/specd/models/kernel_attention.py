@@ -37,12 +37,15 @@ class DeviceAttentionMetadata:
 class KernelAttention:
     """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
     (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the
-    kernel (validated on an H100: docs/benchmarks.md)."""
+    kernel (validated on an H100: docs/benchmarks.md). ``grouped=True`` takes the split,
+    head-grouped kernel on CUDA instead (``specd.ops.tree_attention``; not yet validated on a
+    GPU)."""
 
-    def __init__(self, scale: Optional[float] = None):
+    def __init__(self, scale: Optional[float] = None, grouped: bool = False):
         import specd.ops  # noqa: F401  (registers torch.ops.specd)
 
         self.scale = scale
+        self.grouped = grouped
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerKV,
                 meta: DeviceAttentionMetadata, sliding_window: Optional[int]) -> torch.Tensor:
@@ -56,4 +59,4 @@ class KernelAttention:
         """The attention of q ``[T, H, D]`` over caches that already hold the new tokens' K/V
         (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
-                                              meta.kv_lens, meta.tree_mask, self.scale)
+                                              meta.kv_lens, meta.tree_mask, self.scale, self.grouped)

@@ -21,7 +21,7 @@ __all__ = ["tree_attention"]
 @torch.library.custom_op("specd::tree_attention", mutates_args=())
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                    query_start: torch.Tensor, kv_lens: torch.Tensor, tree_mask: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None) -> torch.Tensor:
+                   scale: Optional[float] = None, grouped: bool = False) -> torch.Tensor:
     """Attention of each request's new tokens over its paged KV (tree_attention.h).
 
     q: ``[num_tokens, q_heads, head_dim]`` of the caches' dtype (rows contiguous).
@@ -32,12 +32,17 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         (history + new tokens).
     tree_mask: int64 ``[num_tokens, mask_words]`` (the bits of ``TokenTree.ancestor_mask``
         rows) or None for causal. scale: default ``1 / sqrt(head_dim)``.
+    grouped: on CUDA, the split, head-grouped kernel (cuda/tree_attention_grouped.h: a block per
+        query token, GQA group and KV split, partial states merged; its float32 workspace is
+        allocated here) instead of the per-head kernel. Same rule and result up to float
+        rounding; not yet validated on a GPU. Ignored on CPU (the reference).
     Returns ``[num_tokens, q_heads, head_dim]`` in q's dtype. CPU: float32 only.
     """
     no_kernel_for_device("tree_attention", q, k_cache, v_cache)
 
 
-def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None):
+def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None,
+                    grouped=False):
     op = "tree_attention"
     device = common_device(op, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
                            query_start=query_start, kv_lens=kv_lens, tree_mask=tree_mask)
@@ -65,16 +70,23 @@ def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree
     if tokens == 0:
         return out
     scale = 1.0 / math.sqrt(layout.head_dim) if scale is None else float(scale)
-    row = heads * layout.head_dim
-    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", q.data_ptr(), q_stride,
-           k_cache.data_ptr(), v_cache.data_ptr(), layout, table.data_ptr(), table.shape[1], table.shape[1],
-           starts.data_ptr(), lens.data_ptr(), mask_ptr, mask_words, out.data_ptr(), row, seqs, tokens,
-           heads, scale, KERNEL_DTYPES[q.dtype])
+    args = (q.data_ptr(), q_stride, k_cache.data_ptr(), v_cache.data_ptr(), layout, table.data_ptr(), table.shape[1],
+            table.shape[1], starts.data_ptr(), lens.data_ptr(), mask_ptr, mask_words, out.data_ptr(),
+            heads * layout.head_dim, seqs, tokens, heads, scale, KERNEL_DTYPES[q.dtype])
+    if grouped and device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        splits, floats = _core.tree_attention_grouped_plan(tokens, heads, layout.kv_heads, layout.head_dim, sms)
+        # Stream-ordered: the caching allocator reuses the block only after this stream's kernels.
+        workspace = torch.empty(floats, dtype=torch.float32, device=device) if floats else None
+        _core.tree_attention_grouped_cuda(*args, workspace.data_ptr() if floats else 0, floats, splits,
+                                          torch.cuda.current_stream(device).cuda_stream)
+        return out
+    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", *args)
     return out
 
 
 @tree_attention.register_fake
-def _(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None):
+def _(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None, grouped=False):
     return q.new_empty(q.shape)
 
 
