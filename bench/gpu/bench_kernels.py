@@ -24,7 +24,10 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
   kv_compact     64 requests x 28 layers, accepted paths of a 9-node tree: ops.kv_compact on
                  stacked_kv vs a per-layer torch gather/scatter (KVCachePool.copy_slots)
   tree_attention 64 requests x (history 512 / 2048 + 9 tree nodes), 12 q heads: kv_write +
-                 ops.tree_attention vs TorchPagedAttention.forward (write + per-sequence SDPA)
+                 ops.tree_attention vs TorchPagedAttention.forward (write + per-sequence SDPA);
+                 "tree_attention grouped": the split, head-grouped kernel (grouped=True) vs the
+                 per-head kernel, attention alone, at those shapes and at 1 request x (4096 /
+                 32768 + 9)
 
 Timing, per op and baseline:
   dev us   device time per call: C back-to-back calls (C = up to 20, fewer for slow calls)
@@ -78,6 +81,7 @@ class Setup:
     pages: int = 4096
     write_tokens: tuple = (64, 4096)
     histories: tuple = (512, 2048)
+    long_histories: tuple = (4096, 32768)  # batch 1: the split-KV cases
     dtype: torch.dtype = torch.bfloat16
     bandwidth: float = 0.0  # bytes / s, measured (peak_bandwidth)
 
@@ -98,7 +102,8 @@ class Setup:
         return nbytes / self.bandwidth * 1e6 if self.bandwidth and nbytes else None
 
 
-SMOKE = dict(vocab=1000, batch=4, k=3, layers=2, pages=64, write_tokens=(8,), histories=(20,), dtype=torch.float32)
+SMOKE = dict(vocab=1000, batch=4, k=3, layers=2, pages=64, write_tokens=(8,), histories=(20,),
+             long_histories=(300,), dtype=torch.float32)
 
 
 def sync(dev: torch.device) -> None:
@@ -462,13 +467,17 @@ def bench_kv_compact(s: Setup) -> list[dict]:
 
 
 def bench_tree_attention(s: Setup) -> list[dict]:
+    """Per (batch, history): the per-head kernel (kv_write + op) against the torch path, then
+    the attention alone: the split, head-grouped kernel against the per-head one (same
+    inputs; batch 1 with long histories is where the split matters)."""
     import specd.ops as ops
     from specd.models.attention import AttentionMetadata, TorchPagedAttention
 
-    dev, n, bs, nodes = s.dev, s.batch, 16, s.k + 1
+    dev, bs, nodes = s.dev, 16, s.k + 1
     g = torch.Generator(device=dev).manual_seed(4)
     out = []
-    for history in s.histories:
+    shapes = [(s.batch, h) for h in s.histories] + [(1, h) for h in s.long_histories]
+    for n, history in shapes:
         width = -(-(history + nodes) // bs)
         storage, layers = pool_views(s, n * width + 8, 1, g)
         cache = layers[0]
@@ -479,23 +488,35 @@ def bench_tree_attention(s: Setup) -> list[dict]:
         slot_map = (table.gather(1, (pos // bs)[None].expand(n, -1)).long() * bs + pos % bs).reshape(-1)
         q = torch.randn(n * nodes, 12, 128, device=dev, generator=g).to(s.dtype)
         k, v = (torch.randn(n * nodes, 2, 128, device=dev, generator=g).to(s.dtype) for _ in range(2))
-        meta = AttentionMetadata(query_start=starts.tolist(), kv_lens=kv_lens.tolist(), block_tables=table.long(),
-                                 slot_mapping=slot_map, positions=pos.repeat(n), masks=[None] * n)
-        torch_backend = TorchPagedAttention()
-
-        def specd_path():
-            ops.kv_write(cache.k, cache.v, k, v, slot_map)
-            return ops.tree_attention(q, cache.k, cache.v, table, starts, kv_lens)
-
-        want, got = torch_backend.forward(q, k, v, cache, meta, None), specd_path()
-        rel = float((got.float() - want.float()).norm() / want.float().norm())
+        shape = f"{n} req x ({history} + {nodes}), 12/2 heads x 128 {dname(s.dtype)}"
         e = esize(s.dtype)
-        nbytes = (n * (history + nodes) * k[0].numel() * 2 * e  # K/V read once (GQA groups share it)
-                  + 2 * q.numel() * e + 2 * 2 * k.numel() * e)  # q read + out written; new K/V copied
-        out.append(row(s, "tree_attention", f"{n} req x ({history} + {nodes}), 12/2 heads x 128 {dname(s.dtype)}",
-                       s.measure(specd_path), "TorchPagedAttention (write + SDPA)",
-                       s.measure(lambda: torch_backend.forward(q, k, v, cache, meta, None)),
-                       f"rel err={rel:.1e}", nbytes, "KV read once + q, out, new K/V"))
+        kv_bytes = n * (history + nodes) * k[0].numel() * 2 * e  # K/V read once (GQA groups share it)
+        ops.kv_write(cache.k, cache.v, k, v, slot_map)
+
+        def attend(grouped: bool):
+            return ops.tree_attention(q, cache.k, cache.v, table, starts, kv_lens, grouped=grouped)
+
+        if n == s.batch:  # the engine's baseline: TorchPagedAttention (write + per-sequence SDPA)
+            meta = AttentionMetadata(query_start=starts.tolist(), kv_lens=kv_lens.tolist(),
+                                     block_tables=table.long(), slot_mapping=slot_map, positions=pos.repeat(n),
+                                     masks=[None] * n)
+            torch_backend = TorchPagedAttention()
+
+            def specd_path():
+                ops.kv_write(cache.k, cache.v, k, v, slot_map)
+                return attend(False)
+
+            want, got = torch_backend.forward(q, k, v, cache, meta, None), specd_path()
+            rel = float((got.float() - want.float()).norm() / want.float().norm())
+            out.append(row(s, "tree_attention", shape, s.measure(specd_path), "TorchPagedAttention (write + SDPA)",
+                           s.measure(lambda: torch_backend.forward(q, k, v, cache, meta, None)),
+                           f"rel err={rel:.1e}", kv_bytes + 2 * q.numel() * e + 2 * 2 * k.numel() * e,
+                           "KV read once + q, out, new K/V"))
+        per_head, grouped = attend(False), attend(True)
+        rel = float((grouped.float() - per_head.float()).norm() / per_head.float().norm())
+        out.append(row(s, "tree_attention grouped", shape, s.measure(lambda: attend(True)),
+                       "per-head kernel (attention only)", s.measure(lambda: attend(False)),
+                       f"rel diff={rel:.1e}", kv_bytes + 2 * q.numel() * e, "KV read once + q, out"))
     return out
 
 
@@ -510,11 +531,11 @@ def fmt(x: Optional[float], width: int, digits: int = 1) -> str:
 def print_table(rows: list[dict]) -> None:
     print("dev us: device time per call (CUDA graph of back-to-back calls, else eager under events: see timing);"
           " host us: host time per call; bound us: bytes / measured copy bandwidth; bw %: bound / dev")
-    print(f"{'case':<20} {'shape':<44} {'dev us':>9} {'host us':>8} {'bound us':>9} {'bw %':>5} "
+    print(f"{'case':<23} {'shape':<44} {'dev us':>9} {'host us':>8} {'bound us':>9} {'bw %':>5} "
           f"{'base dev':>10} {'base host':>9} {'x':>6}  timing | baseline (timing) / check")
     for r in rows:
         share = 100 * r["bandwidth_share"] if r.get("bandwidth_share") else None
-        print(f"{r['case']:<20} {r['shape']:<44} {fmt(r['specd_dev_us'], 9)} {fmt(r['specd_host_us'], 8)} "
+        print(f"{r['case']:<23} {r['shape']:<44} {fmt(r['specd_dev_us'], 9)} {fmt(r['specd_host_us'], 8)} "
               f"{fmt(r['bound_us'], 9)} {fmt(share, 5, 0)} {fmt(r.get('baseline_dev_us'), 10)} "
               f"{fmt(r.get('baseline_host_us'), 9)} {fmt(r.get('speedup'), 6, 2)}  {r['timing']} | "
               f"{r['baseline']} ({r.get('baseline_timing', '-')}) / {r['check']}")

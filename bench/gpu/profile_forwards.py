@@ -25,7 +25,7 @@ costs per request, drafting request, draft token and draft forward, written as
 --gpu-profile` charges by each simulated step's shape. Per run, the mean overhead per step is
 kept too ("step_overhead_ms_by_run").
 
-Writes gpu_forward_profile.json: {"meta", "models": {"target": [points], "draft": [points]},
+Writes gpu_forward_profile.json (gpu_forward_profile_grouped.json with --attention-kernel grouped): {"meta", "models": {"target": [points], "draft": [points]},
 "step_overhead_ms", "host_ms", "step_overhead_ms_by_run"} with points {"batch", "query",
 "tokens", "context", "ms"}.
 """
@@ -58,7 +58,7 @@ def captured_forward(model, batch: int, query: int, context: int, logits_rows: s
     sequence (random KV, causal), and what it must keep alive. logits_rows: "all" new rows, or
     "last" (each sequence's last row)."""
     from specd.models.attention import LayerKV
-    from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+    from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 
     dev, c = model.device, model.config
     block = 16
@@ -77,7 +77,7 @@ def captured_forward(model, batch: int, query: int, context: int, logits_rows: s
                                    torch.full((batch,), context + query, device=dev, dtype=torch.int32))
     ids = torch.randint(0, c.vocab_size, (batch * query,), device=dev)
     rows = None if logits_rows == "all" else torch.arange(query - 1, batch * query, query, device=dev)
-    backend = KernelAttention()
+    backend = kernel_attention_for(model)  # the model's grouped_attention (--attention-kernel)
     run = lambda: model(ids, meta, kv, rows, backend=backend)  # noqa: E731
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -190,12 +190,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
     ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence at decode/verify points")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--attention-kernel", choices=("per_head", "grouped"), default="per_head",
+                    help="the CUDA tree-attention kernel of every forward (LLM's attention_kernel)")
     ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
     args = ap.parse_args(argv)
     import specd.ops as ops
 
+    out_name = "gpu_forward_profile.json" if args.attention_kernel == "per_head" else "gpu_forward_profile_grouped.json"
     plan = (f"plan: target and draft, batch {DECODE_BATCHES} x query {QUERIES} at context {args.context}, prefill "
-            f"{PREFILL} and {' and '.join(f'{b} x {n}' for b, n in MULTI_PREFILL)}; {args.reps} replays per point; JSON -> {os.path.join(args.out, 'gpu_forward_profile.json')}")
+            f"{PREFILL} and {' and '.join(f'{b} x {n}' for b, n in MULTI_PREFILL)}; {args.reps} replays per point; {args.attention_kernel} attention kernel; JSON -> {os.path.join(args.out, out_name)}")
     print(plan, flush=True)
     if args.dry_run:
         return 0
@@ -207,8 +210,9 @@ def main(argv=None) -> int:
     target_cfg, draft_cfg = configs()
     target, draft = random_model(target_cfg, "cuda", torch.bfloat16), random_model(draft_cfg, "cuda", torch.bfloat16)
     assert target.uses_fused() and draft.uses_fused()
+    target.grouped_attention = draft.grouped_attention = args.attention_kernel == "grouped"
     result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bfloat16",
-                       "layers": "fused", "attention": "KernelAttention (specd tree_attention)",
+                       "layers": "fused", "attention": f"KernelAttention (specd tree_attention, {args.attention_kernel})",
                        "timing": f"CUDA graph replay, median of {args.reps}", "context": args.context,
                        "weights": "random (pair-shaped: bench_draft_loop.configs)"},
               "models": {}}
@@ -220,7 +224,7 @@ def main(argv=None) -> int:
     result["step_overhead_ms"], result["host_ms"] = fit_host_ms(steps)
     result["meta"]["seconds"] = round(time.perf_counter() - t0, 1)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_forward_profile.json"), "w") as f:
+    with open(os.path.join(args.out, out_name), "w") as f:
         json.dump(result, f, indent=1)
     print(f"done in {result['meta']['seconds']} s; host time per step {result['step_overhead_ms']} ms + "
           f"{result['host_ms']} (ms)", flush=True)

@@ -160,7 +160,7 @@ TEST(TreeAttentionGroupedCuda, MatchesCpuReference) {
     const int32_t dim = dims[trial % 7];
     const int32_t group = groups[trial % 6];
     const int32_t max_drafts = trial % 8 == 7 ? 80 : 1 + static_cast<int32_t>(rng() % 16);
-    const int32_t history = trial % 4 == 3 ? 3000 : trial % 4 == 1 ? 600 : 60;
+    const int32_t history = trial % 8 == 3 ? 3000 : trial % 4 == 1 ? 600 : 60;
     AttnBatch b = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 5), max_drafts, group, dim, history);
     for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
       const std::string label = "grouped trial " + std::to_string(trial) + " group " + std::to_string(group);

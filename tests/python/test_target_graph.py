@@ -210,6 +210,33 @@ def test_target_graph_option_errors(pair):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=0, max_blocks=4))
 
 
+def test_attention_kernel_option_reaches_every_kernel_attention(pair, monkeypatch):
+    """attention_kernel="grouped" sets each model's grouped_attention, which both runners'
+    KernelAttention and the kernel-attention forwards pass to the op (on the CPU the op runs
+    the float32 reference either way, so outputs equal plain decoding)."""
+    target, draft, prompts, baseline = pair
+    seen = []
+    real_op = torch.ops.specd.tree_attention
+
+    class Recorder:
+        def __call__(self, *args):
+            seen.append(args[-1])  # the op's `grouped`
+            return real_op(*args)
+
+    import specd.models.kernel_attention as kernel_attention
+
+    monkeypatch.setattr(kernel_attention.torch.ops.specd, "tree_attention", Recorder(), raising=False)
+    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, attention_kernel="grouped")
+    assert llm.target.grouped_attention and llm.draft.grouped_attention
+    assert llm.target_graph.backend.grouped and llm.draft_graph.backend.grouped
+    assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
+    assert seen and all(seen)
+    default = make_llm(target, draft, "draft", target_graph=True)
+    assert not default.target.grouped_attention and not default.target_graph.backend.grouped
+    with pytest.raises(errors.InvalidArgumentError, match="attention_kernel must be"):
+        specd.LLM(target, attention_kernel="flash")
+
+
 def test_graph_runners_default_on_cuda_only():
     """draft_graph / target_graph = None: on for a supported model on a CUDA device with the
     wall-clock timer; explicit flags win; CPU models, synthetic timers and unsupported models
@@ -249,6 +276,18 @@ def test_gpu_runners_are_on_by_default(pair, cuda):
     assert llm.target_graph is not None and llm.draft_graph is not None
     off = specd.LLM(target, device="cuda", dtype="float32", target_graph=False)
     assert off.target_graph is None
+
+
+def test_gpu_grouped_attention_kernel_keeps_greedy_outputs(pair, cuda):
+    """The split, head-grouped kernel through both runners (captured graphs): speculative
+    greedy outputs equal plain decoding through the same kernel."""
+    target, draft, prompts, _ = pair
+    params = greedy_params(len(prompts))
+    plain = specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET, attention_kernel="grouped")
+    want = [o.token_ids for o in plain.generate(prompts, params)]
+    llm = make_llm(target, draft, "draft", device="cuda", attention_kernel="grouped")
+    assert llm.target_graph.backend.grouped and llm.draft_graph.backend.grouped
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
 
 
 @pytest.mark.parametrize("spec", ["ngram-tree", "draft"])

@@ -50,7 +50,7 @@ from specd.engine.scheduler import DRAFT, WorkItem
 from specd.engine.timer import causal_keys
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
-from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.llama import LlamaModel
 
 # Columns of the per-row int64 inputs: the packed specd::SamplingParams (temperature, top_k,
@@ -160,7 +160,7 @@ class DraftGraphRunner:
         self.kv = pool.layers(DRAFT)
         self.block_size = pool.block_size(DRAFT)
         self.num_pages = pool.blocks.num_pages
-        self.backend = KernelAttention()
+        self.backend = kernel_attention_for(model)
         self._buffers: dict[int, _Buffers] = {}
         self._inputs: dict[tuple[int, int], _Inputs] = {}
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}

@@ -88,6 +88,13 @@ class LLM:
         its CUDA kernels (for models built by the caller, ``LLM.from_models``: their own
         ``fused`` setting). True on CPU runs the float32 references (float32 models only; for
         testing). Outputs agree with the torch layers to rounding, not to the bit.
+    attention_kernel: the CUDA tree-attention kernel of the kernel-attention forwards (the
+        graph runners): "per_head" (validated and timed on an H100) or "grouped" (a
+        block per query token, GQA group and KV split, partial softmax states merged: reads
+        each K/V row once per group and spreads one long request over the GPU;
+        cuda/tree_attention_grouped.h; not yet validated on a GPU). Same rule, outputs equal
+        to float rounding. No effect on the CPU (the float32 reference). None (default):
+        each model's own ``grouped_attention`` (LlamaModel default False: per head).
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -97,7 +104,7 @@ class LLM:
                  max_model_len: Optional[int] = None, seed: int = 0,
                  policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                  draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                 fused_layers: Optional[bool] = None):
+                 fused_layers: Optional[bool] = None, attention_kernel: Optional[str] = None):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -112,7 +119,7 @@ class LLM:
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
                     policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph,
-                    fused_layers=fused_layers)
+                    fused_layers=fused_layers, attention_kernel=attention_kernel)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
@@ -121,7 +128,7 @@ class LLM:
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                     draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                    fused_layers: Optional[bool] = None) -> "LLM":
+                    fused_layers: Optional[bool] = None, attention_kernel: Optional[str] = None) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -133,7 +140,7 @@ class LLM:
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph,
-                    target_graph=target_graph, fused_layers=fused_layers)
+                    target_graph=target_graph, fused_layers=fused_layers, attention_kernel=attention_kernel)
         return self
 
     @staticmethod
@@ -150,10 +157,12 @@ class LLM:
 
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
-               seed, policy, timer, draft_graph=None, target_graph=None, fused_layers=None) -> None:
+               seed, policy, timer, draft_graph=None, target_graph=None, fused_layers=None,
+               attention_kernel=None) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         _set_fused_layers(fused_layers, target_model, draft_model)
+        _set_attention_kernel(attention_kernel, target_model, draft_model)
         tc = target_model.config
         models = [KVModel("target", tc, self.target.dtype)]
         if self.draft is not None:
@@ -444,6 +453,16 @@ def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:
             raise InvalidArgumentError("fused_layers=True on CUDA needs a specd build with CUDA kernels")
         if fused_layers is not None:  # None keeps the model's own setting (LlamaModel.fused)
             model.fused = fused_layers
+
+
+def _set_attention_kernel(attention_kernel: Optional[str], *models) -> None:
+    """LLM's ``attention_kernel`` on every LlamaModel given (``grouped_attention``); None
+    leaves each model's own."""
+    if attention_kernel not in (None, "per_head", "grouped"):
+        raise InvalidArgumentError(f"attention_kernel must be 'per_head' or 'grouped', got {attention_kernel!r}")
+    for model in models:
+        if attention_kernel is not None and isinstance(model, LlamaModel):
+            model.grouped_attention = attention_kernel == "grouped"
 
 
 def _ops_have_cuda() -> bool:

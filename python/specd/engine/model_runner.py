@@ -27,7 +27,7 @@ from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
-from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
@@ -94,7 +94,7 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
             positions=positions, slot_mapping=slot_mapping, block_tables=torch.from_numpy(tables).to(device),
             query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
             kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
-        extra["backend"] = KernelAttention()
+        extra["backend"] = kernel_attention_for(model)
     else:
         tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
         meta = AttentionMetadata(

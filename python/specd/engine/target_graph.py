@@ -52,7 +52,7 @@ from specd.engine.graph_inputs import PackedStaging, capture_graph, wants_captur
 from specd.engine.scheduler import TARGET, WorkItem
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
-from specd.models.kernel_attention import DeviceAttentionMetadata, KernelAttention
+from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
@@ -130,7 +130,7 @@ class TargetGraphRunner:
         self.capture = wants_capture(config.capture, self.device, config.buckets, "target model")
         self.kv = pool.layers(TARGET)
         self.block_size = pool.block_size(TARGET)
-        self.backend = KernelAttention()
+        self.backend = kernel_attention_for(model)
         self._buffers: dict[tuple[int, int], _Buffers] = {}
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._mempool = None  # one graph memory pool shared by every captured graph

@@ -34,6 +34,12 @@ class DeviceAttentionMetadata:
     tree_mask: Optional[torch.Tensor] = None  # int64 [T, mask_words] ancestor bits; None: causal
 
 
+def kernel_attention_for(model) -> "KernelAttention":
+    """The KernelAttention a model's kernel-attention forwards use: its ``grouped_attention``
+    choice (LlamaModel; other model objects: the per-head kernel)."""
+    return KernelAttention(grouped=bool(getattr(model, "grouped_attention", False)))
+
+
 class KernelAttention:
     """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
     (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the

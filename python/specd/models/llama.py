@@ -152,6 +152,10 @@ class LlamaModel(nn.Module):
         #: Which forward runs (module doc): True the fused one, False the torch one, None the
         #: fused one on CUDA when specd has its CUDA kernels.
         self.fused: Optional[bool] = None
+        #: Which CUDA tree-attention kernel KernelAttention takes for this model (the graph
+        #: runners and kernel-attention forwards): False the per-head kernel, True the split,
+        #: head-grouped one (specd.ops.tree_attention's ``grouped``; LLM's attention_kernel).
+        self.grouped_attention: bool = False
         self._fused_key: Optional[tuple] = None  # what fuse_projections last concatenated
 
     @classmethod
