@@ -13,7 +13,9 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  the per-row torch loop (torch_sampling.py, mixed fp32); and what the draft
                  loop runs now, ops.sample_tokens_and_probs, vs the torch rows at 1, 8 and 64
                  rows (temperature 0.8 and top-p 0.9, bf16), and its _out form (what the draft
-                 graph calls) vs the functional op plus a copy into the buffer
+                 graph calls) vs the functional op plus a copy into the buffer; "... cluster":
+                 the same calls with cluster=True (a thread-block cluster of 8 blocks per row,
+                 sm_90+) vs one block per row
   verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
@@ -274,6 +276,12 @@ def bench_sampling(s: Setup) -> list[dict]:
             out.append(row(s, "sample_tokens", shape, specd, "torch batched rows", base, check, read,
                            "one read of the logits"))
             print(f"  sampling {shape}: {specd['dev_us']:.1f} us", flush=True)
+            # A thread-block cluster per row (sm_90+) against the one-block kernel above.
+            c_tokens, c_status = ops.sample_tokens(logits, params, keys, cluster=True)
+            clustered = s.measure(lambda: ops.sample_tokens(logits, params, keys, cluster=True))
+            out.append(row(s, "sample_tokens cluster", shape, clustered, "one block per row", specd,
+                           f"tokens equal={torch.equal(c_tokens, tokens)}, statuses equal="
+                           f"{torch.equal(c_status, status)}", read, "one read of the logits"))
             if mode == "mixed":
                 out.append(row(s, "sampling_probs", shape, s.measure(lambda: ops.sampling_probs(logits, params)),
                                "torch batched rows", s.measure(lambda: row_sampling_probs(logits, rp)), check,
@@ -317,6 +325,12 @@ def bench_sampling(s: Setup) -> list[dict]:
             ops.sample_tokens_and_probs_out(logits, params, k_rows, buf)
             out.append(row(s, "sample_tokens_and_probs_out", shape, into, "functional op + copy into the buffer",
                            then_copy, f"rows equal the functional op's={torch.equal(buf, probs)}",
+                           rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
+            c_tokens, c_probs, _ = ops.sample_tokens_and_probs(logits, params, k_rows, cluster=True)
+            clustered = s.measure(lambda: ops.sample_tokens_and_probs(logits, params, k_rows, cluster=True))
+            diff = float((c_probs - probs).abs().max())
+            out.append(row(s, "sample_tokens_and_probs cluster", shape, clustered, "one block per row", specd,
+                           f"tokens equal={torch.equal(c_tokens, tokens)}, probs max|diff|={diff:.1e}",
                            rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
     return out
 
@@ -531,11 +545,11 @@ def fmt(x: Optional[float], width: int, digits: int = 1) -> str:
 def print_table(rows: list[dict]) -> None:
     print("dev us: device time per call (CUDA graph of back-to-back calls, else eager under events: see timing);"
           " host us: host time per call; bound us: bytes / measured copy bandwidth; bw %: bound / dev")
-    print(f"{'case':<23} {'shape':<44} {'dev us':>9} {'host us':>8} {'bound us':>9} {'bw %':>5} "
+    print(f"{'case':<31} {'shape':<44} {'dev us':>9} {'host us':>8} {'bound us':>9} {'bw %':>5} "
           f"{'base dev':>10} {'base host':>9} {'x':>6}  timing | baseline (timing) / check")
     for r in rows:
         share = 100 * r["bandwidth_share"] if r.get("bandwidth_share") else None
-        print(f"{r['case']:<23} {r['shape']:<44} {fmt(r['specd_dev_us'], 9)} {fmt(r['specd_host_us'], 8)} "
+        print(f"{r['case']:<31} {r['shape']:<44} {fmt(r['specd_dev_us'], 9)} {fmt(r['specd_host_us'], 8)} "
               f"{fmt(r['bound_us'], 9)} {fmt(share, 5, 0)} {fmt(r.get('baseline_dev_us'), 10)} "
               f"{fmt(r.get('baseline_host_us'), 9)} {fmt(r.get('speedup'), 6, 2)}  {r['timing']} | "
               f"{r['baseline']} ({r.get('baseline_timing', '-')}) / {r['check']}")

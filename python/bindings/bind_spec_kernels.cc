@@ -107,6 +107,12 @@ ProbRows prob_rows(uintptr_t data, int32_t rows, int32_t vocab, int64_t stride) 
   return p;
 }
 
+#ifdef SPECD_WITH_CUDA
+cuda::SamplingRowSplit row_split(bool cluster) {
+  return cluster ? cuda::SamplingRowSplit::kCluster : cuda::SamplingRowSplit::kOneBlock;
+}
+#endif
+
 // Argument names shared by the CPU and CUDA forms.
 #define SPECD_LOGITS_ARGS py::arg("logits_ptr"), py::arg("dtype"), py::arg("rows"), py::arg("vocab"), py::arg("stride")
 #define SPECD_TREE_ARGS \
@@ -194,45 +200,55 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sample_tokens_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status, uintptr_t stream) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status, uintptr_t stream, bool cluster) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sample_tokens(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                      ptr<int32_t>(tokens), ptr<int32_t>(status)));
         check_launch(cuda::sample_tokens(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
-                                         ptr<int32_t>(tokens), ptr<int32_t>(status), as_stream(stream)),
+                                         ptr<int32_t>(tokens), ptr<int32_t>(status), as_stream(stream),
+                                         row_split(cluster)),
                      "sample_tokens");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("status_ptr"),
-      py::arg("stream"), "Launch the CUDA sample_tokens kernel on device pointers (no host sync).");
+      py::arg("stream"), py::arg("cluster") = false,
+      "Launch the CUDA sample_tokens kernel on device pointers (no host sync); cluster: a "
+      "thread-block cluster per row (specd/cuda/sampling.h, SamplingRowSplit).");
   m.def(
       "sampling_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t probs, uintptr_t status, uintptr_t stream) {
+         uintptr_t params, uintptr_t probs, uintptr_t status, uintptr_t stream, bool cluster) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sampling_probs_batch(l, ptr<const SamplingParams>(params), ptr<const float>(probs),
                                             ptr<const int32_t>(status)));
         check_launch(cuda::sampling_probs_batch(l, ptr<const SamplingParams>(params), ptr<float>(probs),
-                                                ptr<int32_t>(status), as_stream(stream)),
+                                                ptr<int32_t>(status), as_stream(stream), row_split(cluster)),
                      "sampling_probs_batch");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"), py::arg("stream"),
-      "Launch the CUDA sampling_probs_batch kernel on device pointers (no host sync).");
+      py::arg("cluster") = false,
+      "Launch the CUDA sampling_probs_batch kernel on device pointers (no host sync); cluster: as "
+      "sample_tokens_batch_cuda.");
   m.def(
       "sample_tokens_and_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, uintptr_t stream) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, uintptr_t stream,
+         bool cluster) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                ptr<const int32_t>(tokens), ptr<const float>(probs),
                                                ptr<const int32_t>(status)));
         check_launch(cuda::sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                    ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
-                                                   as_stream(stream)),
+                                                   as_stream(stream), row_split(cluster)),
                      "sample_tokens_and_probs");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
-      py::arg("status_ptr"), py::arg("stream"),
-      "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync).");
+      py::arg("status_ptr"), py::arg("stream"), py::arg("cluster") = false,
+      "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync); cluster: "
+      "as sample_tokens_batch_cuda.");
+  m.def("sampling_clusters_available", &cuda::sampling_clusters_available,
+        "Whether the clustered sampling kernels run on the current CUDA device (sm_90+ with cluster "
+        "launch; elsewhere cluster=True falls back to one block per row).");
   m.def(
       "verify_greedy_batch_cuda",
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,

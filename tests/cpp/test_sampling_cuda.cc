@@ -2,7 +2,8 @@
 // sample_token (same seed, same token) and to sample_tokens_cpu, probabilities equal to
 // sampling_probs_batch_cpu within one float ulp, per-row statuses equal, on random rows with
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
-// (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Skips, saying why, without a CUDA device.
+// (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
+// runs with one block per row and with a cluster of blocks per row (SamplingRowSplit). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -30,9 +31,16 @@ struct GpuSampling {
   std::vector<float> both_probs;
 };
 
-// Runs both kernels on `logits` (host data of `bytes` bytes, described by `rows`).
+constexpr cuda::SamplingRowSplit kSplits[] = {cuda::SamplingRowSplit::kOneBlock, cuda::SamplingRowSplit::kCluster};
+
+std::string split_name(cuda::SamplingRowSplit split) {
+  return split == cuda::SamplingRowSplit::kOneBlock ? "one block per row" : "a cluster per row";
+}
+
+// Runs the three kernels on `logits` (host data of `bytes` bytes, described by `rows`).
 template <class T>
-void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c, GpuSampling* out) {
+void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c, GpuSampling* out,
+             cuda::SamplingRowSplit split = cuda::SamplingRowSplit::kOneBlock) {
   DeviceBuffer<T> logits(host_logits);
   DeviceBuffer<SamplingParams> params(c.params);
   DeviceBuffer<RngKey> keys(c.keys);
@@ -48,10 +56,10 @@ void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCa
   rows.data = logits.get();
   cudaStream_t stream = nullptr;
   SPECD_CUDA_OK(cudaStreamCreate(&stream));
-  SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), st1.get(), stream));
-  SPECD_CUDA_OK(cuda::sampling_probs_batch(rows, params.get(), probs.get(), st2.get(), stream));
+  SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), st1.get(), stream, split));
+  SPECD_CUDA_OK(cuda::sampling_probs_batch(rows, params.get(), probs.get(), st2.get(), stream, split));
   SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), both_tokens.get(), both_probs.get(),
-                                              st3.get(), stream));
+                                              st3.get(), stream, split));
   SPECD_CUDA_OK(cudaStreamSynchronize(stream));
   SPECD_CUDA_OK(cudaStreamDestroy(stream));
   out->tokens = tokens.to_host();
@@ -98,10 +106,12 @@ TEST(SamplingCuda, MatchesCpuOnRandomRows) {
   std::mt19937_64 g(21);
   for (int32_t vocab : {1, 2, 3, 31, 32, 33, 511, 512, 513, 5000}) {
     const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 64 : 300, vocab);
-    GpuSampling gpu;
-    run_gpu(c.logits, c.view(), c, &gpu);
-    if (HasFatalFailure()) return;
-    expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab));
+    for (cuda::SamplingRowSplit split : kSplits) {
+      GpuSampling gpu;
+      run_gpu(c.logits, c.view(), c, &gpu, split);
+      if (HasFatalFailure()) return;
+      expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab) + ", " + split_name(split));
+    }
   }
 }
 
@@ -110,10 +120,12 @@ TEST(SamplingCuda, LargeVocabulariesMatchCpu) {
   std::mt19937_64 g(22);
   for (int32_t vocab : {32000, 151936}) {
     const SamplingCase c = random_sampling_case(&g, 12, vocab);
-    GpuSampling gpu;
-    run_gpu(c.logits, c.view(), c, &gpu);
-    if (HasFatalFailure()) return;
-    expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab));
+    for (cuda::SamplingRowSplit split : kSplits) {
+      GpuSampling gpu;
+      run_gpu(c.logits, c.view(), c, &gpu, split);
+      if (HasFatalFailure()) return;
+      expect_gpu_matches(c, c.view(), gpu, "vocab " + std::to_string(vocab) + ", " + split_name(split));
+    }
   }
 }
 
@@ -131,10 +143,13 @@ TEST(SamplingCuda, HalfAndBFloat16Logits) {
       decoded.logits[i] = dtype == LogitsDtype::kFloat16 ? detail::half_to_float(words[i]) : detail::bfloat16_to_float(words[i]);
     }
     const LogitRows rows{words.data(), dtype, c.rows, c.vocab, c.stride};
-    GpuSampling gpu;
-    run_gpu(words, rows, c, &gpu);
-    if (HasFatalFailure()) return;
-    expect_gpu_matches(decoded, rows, gpu, dtype == LogitsDtype::kFloat16 ? "fp16" : "bf16");
+    for (cuda::SamplingRowSplit split : kSplits) {
+      GpuSampling gpu;
+      run_gpu(words, rows, c, &gpu, split);
+      if (HasFatalFailure()) return;
+      expect_gpu_matches(decoded, rows, gpu, std::string(dtype == LogitsDtype::kFloat16 ? "fp16" : "bf16") + ", " +
+                                                 split_name(split));
+    }
   }
 }
 
@@ -149,25 +164,39 @@ TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
   bad.temperature = -1;
   c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
   c.keys.assign(4, RngKey{});
-  GpuSampling gpu;
-  run_gpu(c.logits, c.view(), c, &gpu);
-  if (HasFatalFailure()) return;
-  EXPECT_EQ(gpu.token_status, (std::vector<int32_t>{2, 2, 3, 1}));
-  EXPECT_EQ(gpu.probs_status, gpu.token_status);
-  EXPECT_EQ(gpu.tokens, std::vector<int32_t>(4, -1));
-  EXPECT_EQ(gpu.probs, std::vector<float>(12, 0.0f));
+  for (cuda::SamplingRowSplit split : kSplits) {
+    GpuSampling gpu;
+    run_gpu(c.logits, c.view(), c, &gpu, split);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(gpu.token_status, (std::vector<int32_t>{2, 2, 3, 1})) << split_name(split);
+    EXPECT_EQ(gpu.probs_status, gpu.token_status) << split_name(split);
+    EXPECT_EQ(gpu.tokens, std::vector<int32_t>(4, -1)) << split_name(split);
+    EXPECT_EQ(gpu.probs, std::vector<float>(12, 0.0f)) << split_name(split);
+  }
 }
 
 TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937_64 g(24);
   const SamplingCase c = random_sampling_case(&g, 100, 2000);
-  GpuSampling a, b;
-  run_gpu(c.logits, c.view(), c, &a);
-  run_gpu(c.logits, c.view(), c, &b);
-  if (HasFatalFailure()) return;
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.probs, b.probs);
+  for (cuda::SamplingRowSplit split : kSplits) {
+    GpuSampling a, b;
+    run_gpu(c.logits, c.view(), c, &a, split);
+    run_gpu(c.logits, c.view(), c, &b, split);
+    if (HasFatalFailure()) return;
+    EXPECT_EQ(a.tokens, b.tokens) << split_name(split);
+    EXPECT_EQ(a.probs, b.probs) << split_name(split);
+  }
+}
+
+// On an sm_90+ GPU the clustered kernels really run (not the one-block fallback).
+TEST(SamplingCuda, ClustersRunOnHopperAndLater) {
+  SPECD_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  SPECD_CUDA_OK(cudaGetDevice(&device));
+  SPECD_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
+  EXPECT_TRUE(cuda::sampling_clusters_available());
 }
 
 TEST(SamplingCuda, RejectsInvalidSizesWithoutLaunching) {

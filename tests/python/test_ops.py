@@ -391,6 +391,42 @@ def test_gpu_op_equals_cpu_op_exactly(cuda, index):
             assert torch.equal(g.cpu(), c)
 
 
+SAMPLING_OPS = {"sample_tokens": 6, "sampling_probs": 7, "sample_tokens_and_probs": 11,
+                "sample_tokens_and_probs_out": 12}  # their indices in opcheck_samples()
+
+
+def test_sampling_cluster_flag_keeps_the_cpu_reference():
+    for name, index in SAMPLING_OPS.items():
+        op, args = opcheck_samples()[index]
+        plain, clustered = op(*args), op(*args, cluster=True)
+        for p, c in zip(plain, clustered):
+            assert torch.equal(p, c), name
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLING_OPS))
+def test_gpu_clustered_sampling_equals_cpu_op(cuda, name):
+    """cluster=True (a thread-block cluster per row on sm_90+) against the CPU op, on rows of
+    the real vocabulary size where eight blocks share each pass."""
+    op, _ = opcheck_samples()[SAMPLING_OPS[name]]
+    rng = np.random.default_rng(31)
+    logits = torch.from_numpy(rng.standard_normal((len(PARAMS), 151_936)).astype(np.float32) * 3)
+    params = param_rows(PARAMS)
+    keys = ops.pack_rng_keys(torch.tensor(5), torch.arange(len(PARAMS)), torch.tensor(0), torch.tensor(2))
+    args = (logits, params) if name == "sampling_probs" else (logits, params, keys)
+    if name == "sample_tokens_and_probs_out":
+        args = args + (torch.zeros(len(PARAMS), 151_936),)
+    want = op(*args)
+    got = op(*to(cuda, args), cluster=True)
+    torch.cuda.synchronize()
+    for w, g in zip(want, got):
+        if w.dtype == torch.float32:
+            torch.testing.assert_close(g.cpu(), w, rtol=2e-6, atol=1e-7)
+        else:
+            assert torch.equal(g.cpu(), w)
+    if torch.cuda.get_device_capability(cuda)[0] >= 9:
+        assert _core.sampling_clusters_available()
+
+
 @pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_gpu_tree_attention_close_to_cpu(cuda, dtype, grouped):

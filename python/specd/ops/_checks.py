@@ -121,13 +121,13 @@ def cache_layout(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return layout, int(layers), int(layer_stride)
 
 
-def launch(device: torch.device, cpu: Callable, cuda_name: str, *args) -> None:
-    """Runs ``cpu(*args)`` for CPU tensors, else ``_core.<cuda_name>(*args, stream)`` on the
-    current CUDA stream of ``device`` (asynchronous; no host sync)."""
+def launch(device: torch.device, cpu: Callable, cuda_name: str, *args, **cuda_options) -> None:
+    """Runs ``cpu(*args)`` for CPU tensors, else ``_core.<cuda_name>(*args, stream,
+    **cuda_options)`` on the current CUDA stream of ``device`` (asynchronous; no host sync)."""
     if device.type == "cpu":
         cpu(*args)
         return
-    getattr(_core, cuda_name)(*args, torch.cuda.current_stream(device).cuda_stream)
+    getattr(_core, cuda_name)(*args, torch.cuda.current_stream(device).cuda_stream, **cuda_options)
 
 
 def register_kernels(op, impl: Callable) -> None:

@@ -63,10 +63,14 @@ def _packed(op: str, name: str, t: torch.Tensor, rows_: int, words: int) -> torc
 # ---- sampling ----
 
 @torch.library.custom_op("specd::sample_tokens", mutates_args=())
-def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
+                  cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per logits row (sampling_batch.h). logits ``[rows, vocab]`` float32/float16/
     bfloat16; params int64 ``[rows, 4]`` (:func:`pack_sampling_params`); rng int64 ``[rows, 3]``
-    (:func:`pack_rng_keys`). Returns (tokens int32 ``[rows]``, -1 where status != 0; status int32)."""
+    (:func:`pack_rng_keys`). Returns (tokens int32 ``[rows]``, -1 where status != 0; status int32).
+    cluster: on an sm_90+ GPU, a thread-block cluster of 8 blocks per row instead of one block
+    (cuda/sampling.h ``SamplingRowSplit``; not yet run on a GPU; elsewhere and on the CPU it
+    changes nothing). The same for the other sampling ops."""
     no_kernel_for_device("sample_tokens", logits, params, rng)
 
 
@@ -82,29 +86,37 @@ def _sampling_inputs(op: str, logits, params, rng):
     return device, logits, stride, dtype, params, rng, tokens, status
 
 
-def _sample_tokens(logits, params, rng):
+def _sample_tokens(logits, params, rng, cluster=False):
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens", logits, params, rng)
     n, vocab = logits.shape
     if n:
         launch(device, _core.sample_tokens_batch_cpu, "sample_tokens_batch_cuda", logits.data_ptr(), dtype, n,
-               vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(), status.data_ptr())
+               vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(), status.data_ptr(),
+               **_cluster_option(cluster))
     return tokens, status
 
 
+def _cluster_option(cluster: bool) -> dict:
+    """The CUDA launchers' keyword for a cluster of blocks per row (none when off, so the
+    launch is the one-block kernels' exactly)."""
+    return {"cluster": True} if cluster else {}
+
+
 @sample_tokens.register_fake
-def _(logits, params, rng):
+def _(logits, params, rng, cluster=False):
     n = logits.shape[0]
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
 
 @torch.library.custom_op("specd::sampling_probs", mutates_args=())
-def sampling_probs(logits: torch.Tensor, params: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def sampling_probs(logits: torch.Tensor, params: torch.Tensor,
+                   cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampling distribution of each logits row (sampling.h rules). Returns (probs float32
     ``[rows, vocab]``, zeros where status != 0; status int32 ``[rows]``)."""
     no_kernel_for_device("sampling_probs", logits, params)
 
 
-def _sampling_probs(logits, params):
+def _sampling_probs(logits, params, cluster=False):
     op = "sampling_probs"
     device = common_device(op, logits=logits, params=params)
     logits, stride, dtype = _logits(op, "logits", logits)
@@ -114,19 +126,19 @@ def _sampling_probs(logits, params):
     status = torch.zeros(n, dtype=torch.int32, device=device)
     if n:
         launch(device, _core.sampling_probs_batch_cpu, "sampling_probs_batch_cuda", logits.data_ptr(), dtype, n,
-               vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr())
+               vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster))
     return probs, status
 
 
 @sampling_probs.register_fake
-def _(logits, params):
+def _(logits, params, cluster=False):
     return (logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((logits.shape[0],), dtype=torch.int32))
 
 
 @torch.library.custom_op("specd::sample_tokens_and_probs", mutates_args=())
-def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor,
-                            rng: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
+                            cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens` and :func:`sampling_probs` in one call (one kernel launch): each
     row's token (the same as sample_tokens gives) drawn from its probability row (the same bits
     as sampling_probs), what a sampling draft step needs. Returns (tokens int32 ``[rows]``,
@@ -134,11 +146,12 @@ def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor,
     no_kernel_for_device("sample_tokens_and_probs", logits, params, rng)
 
 
-def _sample_tokens_and_probs(logits, params, rng):
-    return _sample_into("sample_tokens_and_probs", logits, params, rng)
+def _sample_tokens_and_probs(logits, params, rng, cluster=False):
+    return _sample_into("sample_tokens_and_probs", logits, params, rng, cluster=cluster)
 
 
-def _sample_into(op: str, logits, params, rng, probs=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sample_into(op: str, logits, params, rng, probs=None,
+                 cluster=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel of both sample_tokens_and_probs ops: (tokens, probs, status), the rows
     written into ``probs`` (a new tensor when None)."""
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs(op, logits, params, rng)
@@ -153,12 +166,12 @@ def _sample_into(op: str, logits, params, rng, probs=None) -> tuple[torch.Tensor
     if n:
         launch(device, _core.sample_tokens_and_probs_batch_cpu, "sample_tokens_and_probs_batch_cuda",
                logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
-               probs.data_ptr(), status.data_ptr())
+               probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster))
     return tokens, probs, status
 
 
 @sample_tokens_and_probs.register_fake
-def _(logits, params, rng):
+def _(logits, params, rng, cluster=False):
     n = logits.shape[0]
     return (logits.new_empty((n,), dtype=torch.int32), logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((n,), dtype=torch.int32))
@@ -166,7 +179,7 @@ def _(logits, params, rng):
 
 @torch.library.custom_op("specd::sample_tokens_and_probs_out", mutates_args=("probs",))
 def sample_tokens_and_probs_out(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
-                                probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                                probs: torch.Tensor, cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens_and_probs` writing the distributions into ``probs`` (float32
     ``[rows, vocab]``, contiguous, on the logits' device; every element is overwritten) instead
     of a new tensor: the draft graph's buffers take them with no copy. Returns (tokens int32
@@ -174,13 +187,13 @@ def sample_tokens_and_probs_out(logits: torch.Tensor, params: torch.Tensor, rng:
     no_kernel_for_device("sample_tokens_and_probs_out", logits, params, rng, probs)
 
 
-def _sample_tokens_and_probs_out(logits, params, rng, probs):
-    tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs)
+def _sample_tokens_and_probs_out(logits, params, rng, probs, cluster=False):
+    tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs, cluster=cluster)
     return tokens, status
 
 
 @sample_tokens_and_probs_out.register_fake
-def _(logits, params, rng, probs):
+def _(logits, params, rng, probs, cluster=False):
     n = logits.shape[0]
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
