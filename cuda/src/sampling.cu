@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   ClusterBlk block(&shared);
   sample_tokens_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kSamplingClusterBlocks, logits, params, rng,
                          tokens, status);
+  block.finish();
 #endif
 }
 
@@ -92,6 +93,7 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
   ClusterBlk block(&shared);
   probs_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kSamplingClusterBlocks, logits, params, rng, tokens,
                  probs, status);
+  block.finish();
 #endif
 }
 

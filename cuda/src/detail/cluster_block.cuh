@@ -25,7 +25,8 @@
 // radix_select caches only when the whole cluster's candidates fit, so no block overflows.
 //
 // sync() is a cluster barrier after a __threadfence(): global writes before it (probs_row's
-// row) are visible to the whole cluster after it.
+// row) are visible to the whole cluster after it. Kernels call finish() before returning
+// (a block's shared memory must outlive the other blocks' reads of it).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -76,6 +77,9 @@ class ClusterBlock {
     __threadfence();
     cluster_sync();
   }
+  // Every block calls it last, before exiting: after the last collective, other blocks may
+  // still be reading this block's shared memory, which must outlive those reads.
+  __device__ void finish() { cluster_sync(); }
 
   template <class T>
   __device__ T sum(T v) {
