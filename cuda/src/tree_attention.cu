@@ -24,24 +24,8 @@ __device__ __forceinline__ float key_dot(const float* s_q, const T* k, int32_t d
 // eight at a time before their products.
 template <class T, int kDim>
 __device__ __forceinline__ float key_dot_aligned(const float* s_q, const T* k) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  constexpr int kVectors = kDim / kPer;
-  constexpr int kChunk = kVectors < 8 ? kVectors : 8;
-  static_assert(kDim % kPer == 0 && kVectors % kChunk == 0, "whole 16-byte vectors");
   float part[4] = {0.f, 0.f, 0.f, 0.f};
-  const uint4* src = reinterpret_cast<const uint4*>(k);
-#pragma unroll
-  for (int c0 = 0; c0 < kVectors; c0 += kChunk) {
-    uint4 raw[kChunk];
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) raw[c] = __ldg(src + c0 + c);
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const T* e = reinterpret_cast<const T*>(&raw[c]);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) part[i & 3] += s_q[(c0 + c) * kPer + i] * detail::to_float(e[i]);
-    }
-  }
+  detail::for_each_aligned_element<T, kDim>(k, [&](int d, float kf) { part[d & 3] += s_q[d] * kf; });
   return (part[0] + part[1]) + (part[2] + part[3]);
 }
 
@@ -117,24 +101,8 @@ __global__ void __launch_bounds__(kWarps * 32) tree_attention_kernel(TreeAttenti
         float w8[8];
         float v8[8][kLaneDims];
 #pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          w8[u] = __shfl_sync(0xffffffffu, weight, j0 + u);
-          const long long o = __shfl_sync(0xffffffffu, off, j0 + u);
-          if constexpr (kDpl > 0) {
-            if (o >= 0) {
-              detail::load_floats<T, kDpl>(v_cache + o + kDpl * lane, v8[u]);
-            } else {
-#pragma unroll
-              for (int i = 0; i < kLaneDims; ++i) v8[u][i] = 0.f;
-            }
-          } else {
-#pragma unroll
-            for (int i = 0; i < kLaneDims; ++i) {
-              const int d = lane_dim(i);
-              v8[u][i] = (o >= 0 && d < dim) ? detail::to_float(v_cache[o + d]) : 0.f;
-            }
-          }
-        }
+        for (int u = 0; u < 8; ++u) w8[u] = __shfl_sync(0xffffffffu, weight, j0 + u);
+        detail::load_value_rows<T, kDpl>(v_cache, off, j0, lane, dim, v8);
 #pragma unroll
         for (int u = 0; u < 8; ++u)
 #pragma unroll

@@ -24,29 +24,11 @@ static_assert(kTreeAttentionMaxSplits <= 64, "the merge reads two splits per lan
 template <class T, int kDim>
 __device__ __forceinline__ void key_dots_aligned(const float (*s_q)[kMaxDim], const T* k, int nh,
                                                  float (&score)[kHeads]) {
-  constexpr int kPer = 16 / static_cast<int>(sizeof(T));
-  constexpr int kVectors = kDim / kPer;
-  constexpr int kChunk = kVectors < 8 ? kVectors : 8;
-  static_assert(kDim % kPer == 0 && kVectors % kChunk == 0, "whole 16-byte vectors");
-  const uint4* src = reinterpret_cast<const uint4*>(k);
+  detail::for_each_aligned_element<T, kDim>(k, [&](int d, float kf) {
 #pragma unroll
-  for (int c0 = 0; c0 < kVectors; c0 += kChunk) {
-    uint4 raw[kChunk];
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) raw[c] = __ldg(src + c0 + c);
-#pragma unroll
-    for (int c = 0; c < kChunk; ++c) {
-      const T* e = reinterpret_cast<const T*>(&raw[c]);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const float kf = detail::to_float(e[i]);
-        const int d = (c0 + c) * kPer + i;
-#pragma unroll
-        for (int hh = 0; hh < kHeads; ++hh)
-          if (hh < nh) score[hh] += s_q[hh][d] * kf;
-      }
-    }
-  }
+    for (int hh = 0; hh < kHeads; ++hh)
+      if (hh < nh) score[hh] += s_q[hh][d] * kf;
+  });
 }
 
 // The same for any dim (element loads).
@@ -157,24 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j0 = 0; j0 < kTile; j0 += 8) {
       float v8[8][kLaneDims];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const long long o = __shfl_sync(0xffffffffu, off, j0 + u);
-        if constexpr (kDpl > 0) {
-          if (o >= 0) {
-            detail::load_floats<T, kDpl>(v_cache + o + kDpl * lane, v8[u]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < kLaneDims; ++i) v8[u][i] = 0.f;
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kLaneDims; ++i) {
-            const int d = lane_dim(i);
-            v8[u][i] = (o >= 0 && d < dim) ? detail::to_float(v_cache[o + d]) : 0.f;
-          }
-        }
-      }
+      detail::load_value_rows<T, kDpl>(v_cache, off, j0, lane, dim, v8);
 #pragma unroll
       for (int hh = 0; hh < kHeads; ++hh) {
         if (hh < nh) {

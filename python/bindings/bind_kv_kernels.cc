@@ -33,6 +33,7 @@
 
 namespace py = pybind11;
 
+
 namespace specd::py_bind {
 namespace {
 
@@ -316,34 +317,16 @@ void bind_kv_kernels(py::module_& m) {
          int32_t table_stride, uintptr_t query_start, uintptr_t kv_lens, uintptr_t tree_mask,
          int32_t mask_words, uintptr_t out, int64_t out_token_stride, int32_t num_seqs,
          int32_t num_tokens, int32_t q_heads, double scale, const std::string& dtype,
-         uintptr_t stream) {
+         uintptr_t stream, bool grouped, uintptr_t workspace, int64_t workspace_floats, int32_t max_splits) {
         const TreeAttentionParams p = tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table,
                                                               table_width, table_stride, query_start, kv_lens,
                                                               tree_mask, mask_words, out, out_token_stride, num_seqs,
                                                               num_tokens, q_heads, scale, dtype);
-        check(cuda::validate_tree_attention_launch(p));
-        check_launch(cuda::tree_attention(p, as_stream(stream)), "tree_attention");
-      },
-      py::arg("q_ptr"), py::arg("q_token_stride"), py::arg("k_cache_ptr"), py::arg("v_cache_ptr"),
-      py::arg("layout"), py::arg("block_table_ptr"), py::arg("table_width"),
-      py::arg("table_stride"), py::arg("query_start_ptr"), py::arg("kv_lens_ptr"),
-      py::arg("tree_mask_ptr"), py::arg("mask_words"), py::arg("out_ptr"),
-      py::arg("out_token_stride"), py::arg("num_seqs"), py::arg("num_tokens"), py::arg("q_heads"),
-      py::arg("scale"), py::arg("dtype"), py::arg("stream"),
-      "Launch the CUDA paged tree-attention kernel (one block per token and query head) on "
-      "device pointers (no host sync); tree_mask_ptr 0: causal.");
-  m.def(
-      "tree_attention_grouped_cuda",
-      [](uintptr_t q, int64_t q_token_stride, uintptr_t k_cache, uintptr_t v_cache,
-         const PagedKvLayout& layout, uintptr_t block_table, int32_t table_width,
-         int32_t table_stride, uintptr_t query_start, uintptr_t kv_lens, uintptr_t tree_mask,
-         int32_t mask_words, uintptr_t out, int64_t out_token_stride, int32_t num_seqs,
-         int32_t num_tokens, int32_t q_heads, double scale, const std::string& dtype,
-         uintptr_t workspace, int64_t workspace_floats, int32_t max_splits, uintptr_t stream) {
-        const TreeAttentionParams p = tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table,
-                                                              table_width, table_stride, query_start, kv_lens,
-                                                              tree_mask, mask_words, out, out_token_stride, num_seqs,
-                                                              num_tokens, q_heads, scale, dtype);
+        if (!grouped) {
+          check(cuda::validate_tree_attention_launch(p));
+          check_launch(cuda::tree_attention(p, as_stream(stream)), "tree_attention");
+          return;
+        }
         cuda::TreeAttentionWorkspace ws;
         ws.data = address_ptr<float>(workspace);
         ws.floats = workspace_floats;
@@ -356,11 +339,12 @@ void bind_kv_kernels(py::module_& m) {
       py::arg("table_stride"), py::arg("query_start_ptr"), py::arg("kv_lens_ptr"),
       py::arg("tree_mask_ptr"), py::arg("mask_words"), py::arg("out_ptr"),
       py::arg("out_token_stride"), py::arg("num_seqs"), py::arg("num_tokens"), py::arg("q_heads"),
-      py::arg("scale"), py::arg("dtype"), py::arg("workspace_ptr"), py::arg("workspace_floats"),
-      py::arg("max_splits"), py::arg("stream"),
-      "Launch the split, head-grouped CUDA tree-attention kernel (specd/cuda/tree_attention_grouped.h) "
-      "on device pointers (no host sync): tree_attention_cuda's arguments plus a float32 workspace "
-      "(0 when max_splits is 1) and max_splits.");
+      py::arg("scale"), py::arg("dtype"), py::arg("stream"), py::arg("grouped") = false,
+      py::arg("workspace_ptr") = 0, py::arg("workspace_floats") = 0, py::arg("max_splits") = 1,
+      "Launch a CUDA paged tree-attention kernel on device pointers (no host sync); tree_mask_ptr "
+      "0: causal. grouped false: one block per token and query head (specd/cuda/tree_attention.h); "
+      "true: the split, head-grouped kernel (specd/cuda/tree_attention_grouped.h) with a float32 "
+      "workspace of workspace_floats (0 when max_splits is 1) and max_splits.");
   m.def(
       "tree_attention_grouped_plan",
       [](int32_t num_tokens, int32_t q_heads, int32_t kv_heads, int32_t head_dim, int sm_count) {

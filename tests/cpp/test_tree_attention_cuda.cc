@@ -95,6 +95,16 @@ void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_strid
         << got.size();
 }
 
+// check_batch in fp32, fp16 and bf16; the trial number picks the mask (none every fifth) and
+// a wider token stride (every third).
+void check_dtypes(const AttnBatch& b, int trial, const std::string& label, int32_t grouped_splits = 0) {
+  for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
+    check_batch(b, dtype, /*with_mask=*/trial % 5 != 4, /*extra_stride=*/trial % 3 == 0 ? 3 : 0, label.c_str(),
+                grouped_splits);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
 TEST(TreeAttentionCuda, MatchesCpuReference) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(53);
@@ -105,20 +115,24 @@ TEST(TreeAttentionCuda, MatchesCpuReference) {
     const int32_t history = trial % 4 == 3 ? 1000 : 60;
     AttnBatch b = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 6), max_drafts,
                                     1 + static_cast<int32_t>(rng() % 4), dim, history);
-    for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
-      const std::string label = "trial " + std::to_string(trial);
-      check_batch(b, dtype, /*with_mask=*/trial % 5 != 4, /*extra_stride=*/trial % 3 == 0 ? 3 : 0, label.c_str());
-      if (::testing::Test::HasFatalFailure()) return;
-    }
+    check_dtypes(b, trial, "trial " + std::to_string(trial));
+    if (::testing::Test::HasFatalFailure()) return;
   }
+}
+
+// A batch whose request `r` has its last `uncovered` positions past its block table: both the
+// kernel and the reference skip them.
+void check_uncovered_keys(std::mt19937& rng, int32_t seqs, int32_t group, int32_t dim, int32_t history, int32_t r,
+                          int32_t uncovered, KvDtype dtype, int32_t grouped_splits = 0) {
+  AttnBatch b = random_attn_batch(rng, seqs, 6, group, dim, history);
+  b.kv_lens[static_cast<std::size_t>(r)] = b.cache.width * b.cache.layout.block_size + uncovered;
+  check_batch(b, dtype, true, 0, "uncovered keys", grouped_splits);
 }
 
 TEST(TreeAttentionCuda, SkipsKeysPastTheBlockTableLikeTheReference) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(59);
-  AttnBatch b = random_attn_batch(rng, 3, 6, 2, 64, 30);
-  b.kv_lens[1] = b.cache.width * b.cache.layout.block_size + 5;  // last 5 positions uncovered
-  check_batch(b, KvDtype::kFloat32, true, 0, "uncovered keys");
+  check_uncovered_keys(rng, 3, 2, 64, 30, 1, 5, KvDtype::kFloat32);
 }
 
 TEST(TreeAttentionCuda, WarpCountFollowsTheGridSize) {
@@ -162,24 +176,18 @@ TEST(TreeAttentionGroupedCuda, MatchesCpuReference) {
     const int32_t max_drafts = trial % 8 == 7 ? 80 : 1 + static_cast<int32_t>(rng() % 16);
     const int32_t history = trial % 8 == 3 ? 3000 : trial % 4 == 1 ? 600 : 60;
     AttnBatch b = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 5), max_drafts, group, dim, history);
-    for (KvDtype dtype : {KvDtype::kFloat32, KvDtype::kFloat16, KvDtype::kBFloat16}) {
-      const std::string label = "grouped trial " + std::to_string(trial) + " group " + std::to_string(group);
-      check_batch(b, dtype, /*with_mask=*/trial % 5 != 4, /*extra_stride=*/trial % 3 == 0 ? 3 : 0, label.c_str(),
-                  splits[(trial / 7) % 4]);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
+    check_dtypes(b, trial, "grouped trial " + std::to_string(trial) + " group " + std::to_string(group),
+                 splits[(trial / 7) % 4]);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 
 TEST(TreeAttentionGroupedCuda, SkipsKeysPastTheBlockTableLikeTheReference) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937 rng(83);
-  AttnBatch b = random_attn_batch(rng, 3, 6, 4, 64, 400);
-  b.kv_lens[1] = b.cache.width * b.cache.layout.block_size + 5;  // last 5 positions uncovered
-  check_batch(b, KvDtype::kFloat32, true, 0, "uncovered keys", 8);
-  AttnBatch c = random_attn_batch(rng, 2, 6, 8, 128, 2000);
-  c.kv_lens[0] = c.cache.width * c.cache.layout.block_size + 40;  // uncovered keys in a later split
-  check_batch(c, KvDtype::kBFloat16, true, 0, "uncovered keys, several splits", 16);
+  check_uncovered_keys(rng, 3, 4, 64, 400, 1, 5, KvDtype::kFloat32, 8);
+  if (HasFatalFailure()) return;
+  check_uncovered_keys(rng, 2, 8, 128, 2000, 0, 40, KvDtype::kBFloat16, 16);  // in a later split
 }
 
 TEST(TreeAttentionGroupedCuda, SplitsAndWorkspaceFollowTheGrid) {

@@ -134,6 +134,6 @@ def test_argument_errors():
 
 def test_cuda_entry_points_exist_when_built_with_cuda():
     names = ["kv_write_cuda", "kv_compact_cuda", "draft_step_inputs_cuda", "tree_attention_cuda",
-             "tree_attention_grouped_cuda", "tree_attention_grouped_plan"]
+             "tree_attention_grouped_plan"]
     for name in names:
         assert hasattr(_core, name) == bool(_core.built_with_cuda), name

@@ -73,15 +73,15 @@ def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree
     args = (q.data_ptr(), q_stride, k_cache.data_ptr(), v_cache.data_ptr(), layout, table.data_ptr(), table.shape[1],
             table.shape[1], starts.data_ptr(), lens.data_ptr(), mask_ptr, mask_words, out.data_ptr(),
             heads * layout.head_dim, seqs, tokens, heads, scale, KERNEL_DTYPES[q.dtype])
+    options = {}  # the CUDA launcher's kernel choice (the per-head kernel by default)
     if grouped and device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         splits, floats = _core.tree_attention_grouped_plan(tokens, heads, layout.kv_heads, layout.head_dim, sms)
         # Stream-ordered: the caching allocator reuses the block only after this stream's kernels.
         workspace = torch.empty(floats, dtype=torch.float32, device=device) if floats else None
-        _core.tree_attention_grouped_cuda(*args, workspace.data_ptr() if floats else 0, floats, splits,
-                                          torch.cuda.current_stream(device).cuda_stream)
-        return out
-    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", *args)
+        options = dict(grouped=True, workspace_ptr=workspace.data_ptr() if floats else 0, workspace_floats=floats,
+                       max_splits=splits)
+    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", *args, **options)
     return out
 
 
