@@ -5,7 +5,7 @@ captured as one CUDA graph per call ("one graph") and as one graph per forward (
 whole engine.
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
-                                         [--dry-run] [--smoke-cpu]
+                                         [--kernels grouped_attention,...] [--dry-run] [--smoke-cpu]
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
@@ -14,7 +14,9 @@ is not). Plan: batch 1 and 8, k 4, 24 greedy tokens (--quick: 12 tokens); for ea
 LLM per (mode, layers) generates the same requests after a warm-up run (which also captures the
 graphs). layers: "fused" (the default on CUDA: nine kernels per decoder layer, specd.ops layer
 ops) or "torch" (about forty torch kernels per layer, LLM(fused_layers=False)); with
---torch-layers the graph modes run both, else every mode runs the default only.
+--torch-layers the graph modes run both, else every mode runs the default only. --kernels:
+the specd.KernelChoice of both models (e.g. grouped_attention: the split, head-grouped
+attention kernel in every kernel-attention forward; recorded in the JSON's meta).
 
 Per row (printed as soon as measured; bench_draft_loop.json rewritten after every row):
   draft ms/fwd   the engine's timer: draft time / draft forwards (forward 0, the catch-up,
@@ -358,11 +360,21 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
     ap.add_argument("--torch-layers", action="store_true",
                     help="also run the graph modes with torch layers (about forty kernels per layer)")
+    ap.add_argument("--kernels", default="",
+                    help="comma-separated specd.KernelChoice fields to turn on for both models "
+                         "(grouped_attention, clustered_sampling); default: the H100-validated kernels")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
     start = time.perf_counter()
     import specd.ops as ops
+    from specd.models.kernel_choice import KernelChoice
+
+    fields = [f for f in args.kernels.split(",") if f]
+    unknown = [f for f in fields if f not in KernelChoice.__dataclass_fields__]
+    if unknown:
+        ap.error(f"--kernels: unknown fields {unknown} (KernelChoice has {list(KernelChoice.__dataclass_fields__)})")
+    kernels = KernelChoice(**{f: True for f in fields})
     from specd.engine import model_runner
     from specd.engine.draft_graph import DraftGraphRunner
 
@@ -387,6 +399,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     target, draft = random_model(target_cfg, dev, dtype), random_model(draft_cfg, dev, dtype)
+    target.kernels = draft.kernels = kernels  # LLM.from_models keeps each model's own
     if dev == "cuda":
         torch.cuda.synchronize()
     build_s = time.perf_counter() - t0
@@ -401,7 +414,8 @@ def main(argv=None) -> int:
     model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
-            "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1)}
+            "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1),
+            "kernels": {f: getattr(kernels, f) for f in KernelChoice.__dataclass_fields__}}
 
     def save() -> None:
         os.makedirs(args.out, exist_ok=True)

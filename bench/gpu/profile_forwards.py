@@ -77,7 +77,7 @@ def captured_forward(model, batch: int, query: int, context: int, logits_rows: s
                                    torch.full((batch,), context + query, device=dev, dtype=torch.int32))
     ids = torch.randint(0, c.vocab_size, (batch * query,), device=dev)
     rows = None if logits_rows == "all" else torch.arange(query - 1, batch * query, query, device=dev)
-    backend = kernel_attention_for(model)  # the model's grouped_attention (--attention-kernel)
+    backend = kernel_attention_for(model)  # the model's KernelChoice (--attention-kernel)
     run = lambda: model(ids, meta, kv, rows, backend=backend)  # noqa: E731
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -191,10 +191,11 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence at decode/verify points")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--attention-kernel", choices=("per_head", "grouped"), default="per_head",
-                    help="the CUDA tree-attention kernel of every forward (LLM's attention_kernel)")
+                    help="the CUDA tree-attention kernel of every forward (KernelChoice.grouped_attention)")
     ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
     args = ap.parse_args(argv)
     import specd.ops as ops
+    from specd.models.kernel_choice import KernelChoice
 
     out_name = "gpu_forward_profile.json" if args.attention_kernel == "per_head" else "gpu_forward_profile_grouped.json"
     plan = (f"plan: target and draft, batch {DECODE_BATCHES} x query {QUERIES} at context {args.context}, prefill "
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
     target_cfg, draft_cfg = configs()
     target, draft = random_model(target_cfg, "cuda", torch.bfloat16), random_model(draft_cfg, "cuda", torch.bfloat16)
     assert target.uses_fused() and draft.uses_fused()
-    target.grouped_attention = draft.grouped_attention = args.attention_kernel == "grouped"
+    target.kernels = draft.kernels = KernelChoice(grouped_attention=args.attention_kernel == "grouped")
     result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bfloat16",
                        "layers": "fused", "attention": f"KernelAttention (specd tree_attention, {args.attention_kernel})",
                        "timing": f"CUDA graph replay, median of {args.reps}", "context": args.context,

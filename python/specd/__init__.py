@@ -54,7 +54,7 @@ from specd.engine import (
     available_policies,
     make_policy,
 )
-from specd.models import LoadedModel, ModelConfig, check_compatible, load_model
+from specd.models import KernelChoice, LoadedModel, ModelConfig, check_compatible, load_model
 from specd.proposers import NgramProposer, Proposals, Proposer, SuffixProposer
 from specd.verification import (
     DraftTreeBuilder,
@@ -105,6 +105,7 @@ __all__ = [
     "load_model",
     "LoadedModel",
     "ModelConfig",
+    "KernelChoice",
     "check_compatible",
     "BlockManager",
     "Reservation",

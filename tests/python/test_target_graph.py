@@ -210,31 +210,54 @@ def test_target_graph_option_errors(pair):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=0, max_blocks=4))
 
 
-def test_attention_kernel_option_reaches_every_kernel_attention(pair, monkeypatch):
-    """attention_kernel="grouped" sets each model's grouped_attention, which both runners'
-    KernelAttention and the kernel-attention forwards pass to the op (on the CPU the op runs
-    the float32 reference either way, so outputs equal plain decoding)."""
+def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, monkeypatch):
+    """LLM(kernels=KernelChoice(...)) sets both models' kernels: both runners' KernelAttention and
+    the kernel-attention forwards pass grouped=True to the attention op, and the draft's sampled
+    rows (graph runner and plain loop) pass cluster=True to the sampling op. On the CPU the ops
+    run the float32 references either way, so outputs equal the default kernels'."""
     target, draft, prompts, baseline = pair
-    seen = []
-    real_op = torch.ops.specd.tree_attention
+    seen = {"grouped": [], "cluster": []}
+    real_attention = torch.ops.specd.tree_attention
+    real_sample = torch.ops.specd.sample_tokens_and_probs
+    real_sample_out = torch.ops.specd.sample_tokens_and_probs_out
 
-    class Recorder:
-        def __call__(self, *args):
-            seen.append(args[-1])  # the op's `grouped`
-            return real_op(*args)
+    def attention(*args):
+        seen["grouped"].append(args[-1])
+        return real_attention(*args)
 
-    import specd.models.kernel_attention as kernel_attention
+    def sample(*args):
+        seen["cluster"].append(args[-1])
+        return real_sample(*args)
 
-    monkeypatch.setattr(kernel_attention.torch.ops.specd, "tree_attention", Recorder(), raising=False)
-    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, attention_kernel="grouped")
-    assert llm.target.grouped_attention and llm.draft.grouped_attention
+    def sample_out(*args):
+        seen["cluster"].append(args[-1])
+        return real_sample_out(*args)
+
+    for name, fn in (("tree_attention", attention), ("sample_tokens_and_probs", sample),
+                     ("sample_tokens_and_probs_out", sample_out)):
+        monkeypatch.setattr(torch.ops.specd, name, fn, raising=False)
+    both = specd.KernelChoice(grouped_attention=True, clustered_sampling=True)
+    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, kernels=both)
+    assert llm.target.kernels == both and llm.draft.kernels == both
     assert llm.target_graph.backend.grouped and llm.draft_graph.backend.grouped
     assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
-    assert seen and all(seen)
+    sampled = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=i)
+               for i in range(len(prompts))]
+    want = [o.token_ids for o in make_llm(target, draft, "draft", target_graph=True, draft_graph=True)
+            .generate(prompts, sampled)]
+    seen["grouped"].clear()  # the calls of `want`'s LLM (default kernels)
+    seen["cluster"].clear()
+    assert [o.token_ids for o in llm.generate(prompts, sampled)] == want
+    eager = make_llm(target, draft, "draft", kernels=both)  # the plain draft loop
+    assert [o.token_ids for o in eager.generate(prompts, sampled)] == want
+    assert seen["grouped"] and all(seen["grouped"])
+    assert seen["cluster"] and all(seen["cluster"])
     default = make_llm(target, draft, "draft", target_graph=True)
-    assert not default.target.grouped_attention and not default.target_graph.backend.grouped
-    with pytest.raises(errors.InvalidArgumentError, match="attention_kernel must be"):
-        specd.LLM(target, attention_kernel="flash")
+    assert default.target.kernels == specd.KernelChoice() and not default.target_graph.backend.grouped
+    with pytest.raises(errors.InvalidArgumentError, match="kernels must be a specd.KernelChoice"):
+        specd.LLM(target, kernels="grouped")
+    with pytest.raises(errors.InvalidArgumentError, match="must be a bool"):
+        specd.KernelChoice(grouped_attention="yes")
 
 
 def test_graph_runners_default_on_cuda_only():
@@ -278,16 +301,23 @@ def test_gpu_runners_are_on_by_default(pair, cuda):
     assert off.target_graph is None
 
 
-def test_gpu_grouped_attention_kernel_keeps_greedy_outputs(pair, cuda):
-    """The split, head-grouped kernel through both runners (captured graphs): speculative
-    greedy outputs equal plain decoding through the same kernel."""
+def test_gpu_kernel_choice_keeps_outputs(pair, cuda):
+    """The split, head-grouped attention kernel and clustered draft sampling through both
+    runners (captured graphs): speculative greedy outputs equal plain decoding through the
+    same kernels, and seeded sampled outputs equal those of the default kernels."""
     target, draft, prompts, _ = pair
+    both = specd.KernelChoice(grouped_attention=True, clustered_sampling=True)
     params = greedy_params(len(prompts))
-    plain = specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET, attention_kernel="grouped")
+    plain = specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET, kernels=both)
     want = [o.token_ids for o in plain.generate(prompts, params)]
-    llm = make_llm(target, draft, "draft", device="cuda", attention_kernel="grouped")
+    llm = make_llm(target, draft, "draft", device="cuda", kernels=both)
     assert llm.target_graph.backend.grouped and llm.draft_graph.backend.grouped
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
+    sampled = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=i)
+               for i in range(len(prompts))]
+    default = make_llm(target, draft, "draft", device="cuda", kernels=specd.KernelChoice(grouped_attention=True))
+    assert ([o.token_ids for o in llm.generate(prompts, sampled)]
+            == [o.token_ids for o in default.generate(prompts, sampled)])
 
 
 @pytest.mark.parametrize("spec", ["ngram-tree", "draft"])

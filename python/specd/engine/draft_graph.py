@@ -51,6 +51,7 @@ from specd.engine.timer import causal_keys
 from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
+from specd.models.kernel_choice import kernels_of
 from specd.models.llama import LlamaModel
 
 # Columns of the per-row int64 inputs: the packed specd::SamplingParams (temperature, top_k,
@@ -371,7 +372,8 @@ class DraftGraphRunner:
     def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, sampling: bool, positions: torch.Tensor) -> None:
         if sampling:
             buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
-            tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j])
+            tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j],
+                                          cluster=kernels_of(self.model).clustered_sampling)
         else:
             tokens = torch.argmax(logits, dim=-1)
         buf.tokens[j].copy_(tokens)

@@ -25,6 +25,7 @@ from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
 from specd.errors import InvalidArgumentError, UnknownSequenceError
 from specd.kv_cache import KVCachePool, KVModel
+from specd.models.kernel_choice import KernelChoice
 from specd.models.llama import LlamaModel
 from specd.models.loader import LoadedModel, check_compatible, load_model
 
@@ -88,13 +89,16 @@ class LLM:
         its CUDA kernels (for models built by the caller, ``LLM.from_models``: their own
         ``fused`` setting). True on CPU runs the float32 references (float32 models only; for
         testing). Outputs agree with the torch layers to rounding, not to the bit.
-    attention_kernel: the CUDA tree-attention kernel of the kernel-attention forwards (the
-        graph runners): "per_head" (validated and timed on an H100) or "grouped" (a
+    kernels: a ``specd.KernelChoice`` for both models: which CUDA kernel variants their kernel
+        paths take (models/kernel_choice.py). ``grouped_attention``: the tree attention of the
+        kernel-attention forwards (the graph runners) by the split, head-grouped kernel (a
         block per query token, GQA group and KV split, partial softmax states merged: reads
         each K/V row once per group and spreads one long request over the GPU;
-        cuda/tree_attention_grouped.h; not yet validated on a GPU). Same rule, outputs equal
-        to float rounding. No effect on the CPU (the float32 reference). None (default):
-        each model's own ``grouped_attention`` (LlamaModel default False: per head).
+        cuda/tree_attention_grouped.h); ``clustered_sampling``: the draft's sampled rows by
+        the sampling kernels with a thread-block cluster per row (sm_90+). Both opt-in, not
+        yet validated on a GPU; same rules, equal to float rounding; no effect on the CPU (the
+        float32 references). None (default): each model's own ``kernels`` (LlamaModel
+        default ``KernelChoice()``: the H100-validated kernels).
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,
@@ -104,7 +108,7 @@ class LLM:
                  max_model_len: Optional[int] = None, seed: int = 0,
                  policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                  draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                 fused_layers: Optional[bool] = None, attention_kernel: Optional[str] = None):
+                 fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -119,7 +123,7 @@ class LLM:
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
                     policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph,
-                    fused_layers=fused_layers, attention_kernel=attention_kernel)
+                    fused_layers=fused_layers, kernels=kernels)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
@@ -128,7 +132,7 @@ class LLM:
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                     draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                    fused_layers: Optional[bool] = None, attention_kernel: Optional[str] = None) -> "LLM":
+                    fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -140,7 +144,7 @@ class LLM:
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph,
-                    target_graph=target_graph, fused_layers=fused_layers, attention_kernel=attention_kernel)
+                    target_graph=target_graph, fused_layers=fused_layers, kernels=kernels)
         return self
 
     @staticmethod
@@ -158,11 +162,11 @@ class LLM:
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
                seed, policy, timer, draft_graph=None, target_graph=None, fused_layers=None,
-               attention_kernel=None) -> None:
+               kernels=None) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         _set_fused_layers(fused_layers, target_model, draft_model)
-        _set_attention_kernel(attention_kernel, target_model, draft_model)
+        _set_kernels(kernels, target_model, draft_model)
         tc = target_model.config
         models = [KVModel("target", tc, self.target.dtype)]
         if self.draft is not None:
@@ -455,14 +459,13 @@ def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:
             model.fused = fused_layers
 
 
-def _set_attention_kernel(attention_kernel: Optional[str], *models) -> None:
-    """LLM's ``attention_kernel`` on every LlamaModel given (``grouped_attention``); None
-    leaves each model's own."""
-    if attention_kernel not in (None, "per_head", "grouped"):
-        raise InvalidArgumentError(f"attention_kernel must be 'per_head' or 'grouped', got {attention_kernel!r}")
+def _set_kernels(kernels: Optional[KernelChoice], *models) -> None:
+    """LLM's ``kernels`` on every LlamaModel given; None leaves each model's own."""
+    if kernels is not None and not isinstance(kernels, KernelChoice):
+        raise InvalidArgumentError(f"kernels must be a specd.KernelChoice or None, got {kernels!r}")
     for model in models:
-        if attention_kernel is not None and isinstance(model, LlamaModel):
-            model.grouped_attention = attention_kernel == "grouped"
+        if kernels is not None and isinstance(model, LlamaModel):
+            model.kernels = kernels
 
 
 def _ops_have_cuda() -> bool:

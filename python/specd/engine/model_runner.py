@@ -28,6 +28,7 @@ from specd.errors import InvalidArgumentError
 from specd.kv_cache import KVCachePool
 from specd.models.attention import AttentionMetadata
 from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
+from specd.models.kernel_choice import kernels_of
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
@@ -207,7 +208,8 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
             params, keys = pack_draft_rows([r.params for r in reqs], [r.rng_seed for r in reqs],
                                            [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
             index = torch.tensor(rows, dtype=torch.int64).to(device)
-            drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys)
+            drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys,
+                                             cluster=kernels_of(model).clustered_sampling)
         at = {row: n for n, row in enumerate(rows)}
         for row, i in enumerate(active):
             if items[i].request.params.greedy:

@@ -7,10 +7,12 @@ Hugging Face Llama naming, the tokenizer); :func:`check_compatible` checks a tar
 from __future__ import annotations
 
 from specd.models.config import ModelConfig
+from specd.models.kernel_choice import KernelChoice
 from specd.models.loader import LoadedModel, check_compatible, load_model
 
 __all__ = [
     "ModelConfig",
+    "KernelChoice",
     "LoadedModel",
     "load_model",
     "check_compatible",

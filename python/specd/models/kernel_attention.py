@@ -20,6 +20,7 @@ import torch
 
 from specd.errors import InvalidArgumentError
 from specd.models.attention import LayerKV
+from specd.models.kernel_choice import kernels_of
 
 
 @dataclass
@@ -35,9 +36,9 @@ class DeviceAttentionMetadata:
 
 
 def kernel_attention_for(model) -> "KernelAttention":
-    """The KernelAttention a model's kernel-attention forwards use: its ``grouped_attention``
-    choice (LlamaModel; other model objects: the per-head kernel)."""
-    return KernelAttention(grouped=bool(getattr(model, "grouped_attention", False)))
+    """The KernelAttention a model's kernel-attention forwards use: its KernelChoice's
+    ``grouped_attention`` (models/kernel_choice.py; other model objects: the per-head kernel)."""
+    return KernelAttention(grouped=kernels_of(model).grouped_attention)
 
 
 class KernelAttention:

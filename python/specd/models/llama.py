@@ -27,6 +27,7 @@ from specd.errors import InvalidArgumentError, ModelLoadError
 from specd.models.attention import AttentionBackend, AttentionMetadata, LayerKV, TorchPagedAttention
 from specd.models.config import ModelConfig
 from specd.models.kernel_attention import KernelAttention
+from specd.models.kernel_choice import KernelChoice
 from specd.models.rope import RotaryEmbedding, apply_rope
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -152,10 +153,9 @@ class LlamaModel(nn.Module):
         #: Which forward runs (module doc): True the fused one, False the torch one, None the
         #: fused one on CUDA when specd has its CUDA kernels.
         self.fused: Optional[bool] = None
-        #: Which CUDA tree-attention kernel KernelAttention takes for this model (the graph
-        #: runners and kernel-attention forwards): False the per-head kernel, True the split,
-        #: head-grouped one (specd.ops.tree_attention's ``grouped``; LLM's attention_kernel).
-        self.grouped_attention: bool = False
+        #: Which CUDA kernel variants this model's kernel paths take (models/kernel_choice.py;
+        #: LLM's ``kernels``): its kernel-attention forwards and, as a draft, its sampled rows.
+        self.kernels = KernelChoice()
         self._fused_key: Optional[tuple] = None  # what fuse_projections last concatenated
 
     @classmethod

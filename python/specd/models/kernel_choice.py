@@ -1,0 +1,39 @@
+"""KernelChoice: which variant of specd's CUDA kernels a model's kernel paths take, where a
+kernel has more than one (docs/cuda.md). The defaults are the variants validated and timed on
+an H100; the others are opt-in until a GPU run validates and times them.
+
+- ``grouped_attention``: the tree attention of the kernel-attention forwards (both graph
+  runners, eager kernel-attention forwards) runs the split, head-grouped kernel
+  (``cuda/tree_attention_grouped.h``: a block per query token, GQA group and KV split,
+  partial softmax states merged) instead of one block per query token and head. Same rule,
+  equal to float rounding.
+- ``clustered_sampling``: the draft model's sampled rows (the draft graph and the plain draft
+  loop) are drawn by the sampling kernels with a thread-block cluster of 8 blocks per row
+  (sm_90+; ``SamplingRowSplit::kCluster``) instead of one block per row. Same rules and keys;
+  sums fold in another fixed order (docs/cuda.md, the CPU equality caveat).
+
+Neither has any effect on the CPU, where the ops run their float32 references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specd.errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    grouped_attention: bool = False
+    clustered_sampling: bool = False
+
+    def __post_init__(self):
+        for name in ("grouped_attention", "clustered_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidArgumentError(f"KernelChoice.{name} must be a bool, got {getattr(self, name)!r}")
+
+
+def kernels_of(model) -> KernelChoice:
+    """A model's KernelChoice (LlamaModel.kernels; other model objects: the defaults)."""
+    choice = getattr(model, "kernels", None)
+    return choice if isinstance(choice, KernelChoice) else KernelChoice()
