@@ -128,6 +128,58 @@ def test_tree_forward_matches_hf_per_path(pair):
         assert (got[v] - want).abs().max() <= TOL, f"node {v}"
 
 
+def test_kernel_attention_takes_tree_masks(pair):
+    """forward(kernel=True) on a batch mixing a prefill chunk followed by a token tree (the
+    fused first verify), a plain causal chunk, and a draft-tree-like segment of 70 nodes (two
+    mask words) gives the torch path's logits: the tree masks travel as tree_mask rows
+    (tree_mask_rows) and causal segments get causal rows."""
+    _, _, ours = pair
+    if ours.window is not None:
+        pytest.skip("the kernel has no sliding window (refused, test_kernel_attention_forward_matches_hf)")
+    vocab = ours.config.vocab_size
+    rng = np.random.default_rng(7)
+    pool = KVCachePool([KVModel("target", ours.config, ours.dtype)], 128, 4)
+    segs = []
+    # seq 0: 6 history tokens committed, then 5 prefix tokens + a branchy tree of 7 nodes.
+    tree = specd.TokenTree(int(rng.integers(vocab)))
+    for parent in (0, 0, 1, 2, 2, 4):
+        tree.add_node(parent, int(rng.integers(vocab)))
+    # seq 2: 70 nodes, each seeing itself and a random earlier node's ancestors.
+    parents = [-1] + [int(rng.integers(0, v)) for v in range(1, 70)]
+    big = torch.zeros(70, 70, dtype=torch.bool)
+    for v in range(70):
+        node = v
+        while node >= 0:
+            big[v, node] = True
+            node = parents[node]
+    for seq in range(3):
+        pool.blocks.add_sequence(seq)
+    history = {0: 6, 1: 9, 2: 12}
+    for seq, n in history.items():  # commit some history first
+        slots = pool.blocks.reserve(seq, n).slots
+        forward(ours, pool, 0, [Segment(seq, torch.tensor(rng.integers(0, vocab, n)), torch.arange(n), slots, n,
+                                        None)])
+        pool.blocks.commit(seq, n)
+    n0 = 5 + len(tree)
+    mask0 = torch.ones(n0, n0, dtype=torch.bool).tril()
+    bits = tree.ancestor_mask()[:, 0]
+    mask0[5:, 5:] = torch.tensor([[(int(b) >> j) & 1 == 1 for j in range(len(tree))] for b in bits])
+    ids0 = torch.tensor(list(rng.integers(0, vocab, 5)) + tree.tokens.tolist())
+    pos0 = torch.tensor(list(range(6, 11)) + (10 + tree.depths).tolist())
+    depth = [0] * 70
+    for v in range(1, 70):
+        depth[v] = depth[parents[v]] + 1
+    for seq, ids, pos, mask in ((0, ids0, pos0, mask0),
+                                (1, torch.tensor(rng.integers(0, vocab, 4)), torch.arange(9, 13), None),
+                                (2, torch.tensor(rng.integers(0, vocab, 70)), 12 + torch.tensor(depth), big)):
+        slots = pool.blocks.reserve(seq, len(ids)).slots
+        segs.append(Segment(seq, ids, pos, slots, history[seq] + len(ids), mask, logits_from=0))
+    want = forward(ours, pool, 0, segs, kernel=False)
+    got = forward(ours, pool, 0, segs, kernel=True)
+    assert got.shape == want.shape == (n0 + 4 + 70, vocab)
+    assert (got - want).abs().max() <= TOL
+
+
 def test_bfloat16_forward_is_close_to_float32(pair, tmp_path):
     _, hf, ours = pair
     ids = [int(t) for t in np.random.default_rng(4).integers(0, ours.config.vocab_size, 20)]

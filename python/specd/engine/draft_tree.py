@@ -25,7 +25,8 @@ per-depth acceptance hears how far that chain was accepted (DraftTree.chain_resu
 stays the acceptance of the chain that a width of 1 would propose.
 
 The tree loop reads each forward's candidates on the host (one sync per forward), and is not
-run by the CUDA-graph draft runner, which captures chains.
+run by the CUDA-graph draft runner, which captures chains. On CUDA its forwards attend with the
+tree-attention kernel, the tree masks as the kernel's tree_mask rows (model_runner.forward).
 """
 
 from __future__ import annotations

@@ -56,13 +56,31 @@ def segment_keys(segments: list[Segment]) -> int:
 
 def kernel_attention_wanted(model: LlamaModel, segments: list[Segment]) -> bool:
     """Whether ``forward`` attends with specd's tree-attention kernel by default: on a CUDA
-    device when specd has its CUDA kernels, for a model without a sliding window, when every
-    segment is causal (prefill chunks, chains). Token trees with a prefix chunk, sliding
-    windows and CPU runs use the model's backend (TorchPagedAttention)."""
+    device when specd has its CUDA kernels, for a model without a sliding window (causal
+    segments and token trees alike: tree_mask_rows). Sliding windows and CPU runs use the
+    model's backend (TorchPagedAttention)."""
     import specd.ops as ops
 
-    return (model.device.type == "cuda" and ops.HAS_CUDA_KERNELS and model.window is None
-            and all(s.mask is None for s in segments))
+    return model.device.type == "cuda" and ops.HAS_CUDA_KERNELS and model.window is None
+
+
+def tree_mask_rows(segments: list[Segment]) -> Optional[np.ndarray]:
+    """KernelAttention's ``tree_mask`` for a batch where some segment carries a mask: int64
+    ``[T, words]`` over the batch's new tokens, bit m of row t set when token t may see its
+    segment's new token m (tree_attention.h), words enough for the longest segment. A masked
+    segment's rows are its ``mask`` rows; a causal segment's are causal. None when every
+    segment is causal (the kernel's causal rule needs no mask)."""
+    if all(s.mask is None for s in segments):
+        return None
+    words = max(-(-len(s.input_ids) // 64) for s in segments)
+    rows = []
+    for s in segments:
+        q = len(s.input_ids)
+        bits = np.zeros((q, 64 * words), dtype=bool)
+        bits[:, :q] = s.mask.cpu().numpy() if s.mask is not None else np.tri(q, dtype=bool)
+        # Little-endian bit order and bytes: bit m of the row is bit m % 64 of word m // 64.
+        rows.append(np.packbits(bits, axis=1, bitorder="little").view("<i8"))
+    return np.concatenate(rows)
 
 
 def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
@@ -79,8 +97,8 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
         query_start.append(query_start[-1] + len(s.input_ids))
     if kernel is None:
         kernel = kernel_attention_wanted(model, segments)
-    if kernel and (model.window is not None or any(s.mask is not None for s in segments)):
-        raise InvalidArgumentError("kernel attention needs causal segments and no sliding window")
+    if kernel and model.window is not None:
+        raise InvalidArgumentError("kernel attention has no sliding window")
     slots = np.concatenate([s.slots for s in segments])
     positions = torch.cat([s.positions for s in segments]).to(device)
     slot_mapping = torch.from_numpy(slots).to(device)
@@ -95,6 +113,9 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
             positions=positions, slot_mapping=slot_mapping, block_tables=torch.from_numpy(tables).to(device),
             query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
             kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
+        mask = tree_mask_rows(segments)
+        if mask is not None:
+            meta.tree_mask = torch.from_numpy(mask).to(device)
         extra["backend"] = kernel_attention_for(model)
     else:
         tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
