@@ -362,7 +362,7 @@ def main(argv=None) -> int:
                     help="also run the graph modes with torch layers (about forty kernels per layer)")
     ap.add_argument("--kernels", default="",
                     help="comma-separated specd.KernelChoice fields to turn on for both models "
-                         "(grouped_attention, clustered_sampling); default: the H100-validated kernels")
+                         "(grouped_attention, cluster_rows); default: the H100-validated kernels")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)

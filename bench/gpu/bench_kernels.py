@@ -20,7 +20,8 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
                  argmax / token ids to the host + specd.verification per request;
-                 ops.verify_stochastic vs rows to the host + verify
+                 ops.verify_stochastic vs rows to the host + verify, and with cluster=True
+                 (a thread-block cluster per request) vs one block per request
   kv_write       64 and 4096 new tokens into one layer's strided pool view: ops.kv_write vs
                  models.attention.write_kv
   kv_compact     64 requests x 28 layers, accepted paths of a 9-node tree: ops.kv_compact on
@@ -412,6 +413,13 @@ def bench_verification(s: Setup) -> list[dict]:
                    s.measure(lambda: ops.verify_stochastic(offsets, parents, tokens, target_probs, draft_probs, keys,
                                                            "without_replacement", width)),
                    "rows to host + verify", s.wall(host_stochastic, max(3, s.reps // 4)), f"equal to host={same_s}",
+                   2 * rows_read * 4, "every node's target + draft row read once"))
+    stochastic = lambda cluster: ops.verify_stochastic(offsets, parents, tokens, target_probs,  # noqa: E731
+                                                       draft_probs, keys, "without_replacement", width,
+                                                       cluster=cluster)
+    same_c = all(torch.equal(a, b) for a, b in zip(stochastic(True), stochastic(False)))
+    out.append(row(s, "verify_stochastic cluster", f"{shape} fp32 probs", s.measure(lambda: stochastic(True)),
+                   "one block per request", s.measure(lambda: stochastic(False)), f"outputs equal={same_c}",
                    2 * rows_read * 4, "every node's target + draft row read once"))
     return out
 

@@ -1,6 +1,7 @@
 #include "specd/cuda/sampling.h"
 
 #include "detail/cluster_block.cuh"
+#include "detail/cluster_launch.cuh"
 #include "detail/device_block.cuh"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/sample_row.h"
@@ -12,9 +13,9 @@ constexpr int kThreads = 512;
 constexpr int kSelectCache = 2048;  // radix_select's candidate cache (32 KiB of shared memory)
 using Block = detail::DeviceBlock<kThreads, kSelectCache>;
 
-// The clustered kernels: kSamplingClusterBlocks blocks of kClusterThreads threads per row.
+// The clustered kernels: kRowSplitClusterBlocks blocks of kClusterThreads threads per row.
 constexpr int kClusterThreads = 256;
-using ClusterBlk = detail::ClusterBlock<kClusterThreads, kSamplingClusterBlocks, kSelectCache>;
+using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
 template <class Row, class B>
@@ -68,8 +69,8 @@ __global__ void __launch_bounds__(kThreads)
   probs_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs, status);
 }
 
-// A cluster of kSamplingClusterBlocks blocks per row (launched with the cluster dimension
-// by launch_clustered; sm_90+ only: the body is empty in code for older GPUs, which
+// A cluster of kRowSplitClusterBlocks blocks per row (launched with the cluster dimension
+// by detail::launch_rows; sm_90+ only: the body is empty in code for older GPUs, which
 // cluster_ready() never launches).
 template <class Row>
 __global__ void __launch_bounds__(kClusterThreads, 3)
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  sample_tokens_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kSamplingClusterBlocks, logits, params, rng,
+  sample_tokens_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
                          tokens, status);
   block.finish();
 #endif
@@ -91,94 +92,51 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  probs_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kSamplingClusterBlocks, logits, params, rng, tokens,
+  probs_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng, tokens,
                  probs, status);
   block.finish();
 #endif
 }
 
-// Whether `kernel` can run as clusters here: the device launches clusters and the code loaded
-// for it was built for sm_90 or later (a build for older GPUs only has the empty body).
-template <class Kernel>
-bool cluster_ready(Kernel kernel) {
-  int device = 0, supported = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&supported, cudaDevAttrClusterLaunch, device) != cudaSuccess || supported == 0)
-    return false;
-  cudaFuncAttributes attributes{};
-  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess) return false;
-  return attributes.binaryVersion >= 90;
-}
-
-template <class Kernel, class... Args>
-cudaError_t launch_clustered(Kernel kernel, int32_t rows, cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows) * kSamplingClusterBlocks);
-  config.blockDim = dim3(kClusterThreads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeClusterDimension;
-  attribute[0].val.clusterDim.x = kSamplingClusterBlocks;
-  attribute[0].val.clusterDim.y = 1;
-  attribute[0].val.clusterDim.z = 1;
-  config.attrs = attribute;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, args...);
-}
-
-// Launches the clustered kernel where split asks for it and cluster_ready says it can run,
-// else the one-block kernel; then returns the launch error.
-template <class OneBlock, class Clustered, class... Args>
-cudaError_t launch(SamplingRowSplit split, OneBlock one_block, Clustered clustered, int32_t rows,
-                   cudaStream_t stream, Args... args) {
-  if (split == SamplingRowSplit::kCluster && cluster_ready(clustered)) {
-    const cudaError_t err = launch_clustered(clustered, rows, stream, args...);
-    if (err != cudaSuccess) return err;
-  } else {
-    one_block<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(args...);
-  }
-  return cudaGetLastError();
-}
-
 }  // namespace
 
 bool sampling_clusters_available() {
-  return cluster_ready(sample_tokens_cluster_kernel<specd::detail::Float32Row>);
+  return detail::cluster_ready(sample_tokens_cluster_kernel<specd::detail::Float32Row>);
 }
 
 cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                          int32_t* tokens, int32_t* status, cudaStream_t stream, SamplingRowSplit split) {
+                          int32_t* tokens, int32_t* status, cudaStream_t stream, RowSplit split) {
   if (!validate_sample_tokens(logits, params, rng, tokens, status).ok()) return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return launch(split, sample_tokens_kernel<Row>, sample_tokens_cluster_kernel<Row>, logits.rows, stream, logits,
-                  params, rng, tokens, status);
+    return detail::launch_rows(split, sample_tokens_kernel<Row>, kThreads, sample_tokens_cluster_kernel<Row>,
+                               kClusterThreads, logits.rows, stream, logits, params, rng, tokens, status);
   });
 }
 
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
-                                 int32_t* status, cudaStream_t stream, SamplingRowSplit split) {
+                                 int32_t* status, cudaStream_t stream, RowSplit split) {
   if (!validate_sampling_probs_batch(logits, params, probs, status).ok()) return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return launch(split, sampling_probs_kernel<Row>, sampling_probs_cluster_kernel<Row>, logits.rows, stream, logits,
-                  params, static_cast<const RngKey*>(nullptr), static_cast<int32_t*>(nullptr), probs, status);
+    return detail::launch_rows(split, sampling_probs_kernel<Row>, kThreads, sampling_probs_cluster_kernel<Row>,
+                               kClusterThreads, logits.rows, stream, logits, params,
+                               static_cast<const RngKey*>(nullptr), static_cast<int32_t*>(nullptr), probs, status);
   });
 }
 
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    SamplingRowSplit split) {
+                                    RowSplit split) {
   if (!validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status).ok())
     return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return launch(split, sampling_probs_kernel<Row>, sampling_probs_cluster_kernel<Row>, logits.rows, stream, logits,
-                  params, rng, tokens, probs, status);
+    return detail::launch_rows(split, sampling_probs_kernel<Row>, kThreads, sampling_probs_cluster_kernel<Row>,
+                               kClusterThreads, logits.rows, stream, logits, params, rng, tokens, probs, status);
   });
 }
 

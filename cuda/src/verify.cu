@@ -1,5 +1,7 @@
 #include "specd/cuda/verify.h"
 
+#include "detail/cluster_block.cuh"
+#include "detail/cluster_launch.cuh"
 #include "detail/device_block.cuh"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/serial_block.h"
@@ -12,6 +14,7 @@ constexpr int kThreads = 256;         // stochastic: threads per request (fixes 
 constexpr int kGreedyThreads = 1024;  // greedy from logits: the argmax does not depend on it
 constexpr int kTokensThreads = 128;   // greedy tokens: requests per block, one thread each
 using Block = detail::DeviceBlock<kThreads>;
+using ClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks>;
 using GreedyBlock = detail::DeviceBlock<kGreedyThreads>;
 using specd::detail::Emitter;
 using specd::detail::RequestNodes;
@@ -60,6 +63,25 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
+// A thread-block cluster of kRowSplitClusterBlocks blocks per request (sm_90+; the body is
+// empty in code for older GPUs, which detail::cluster_ready() never launches). Each block
+// keeps its own copy of the rejected siblings' totals (written by its leader).
+__global__ void __launch_bounds__(kThreads)
+    verify_stochastic_cluster_kernel(TreeBatchView trees, ProbRows target, ProbRows draft, DraftSampling sampling,
+                                     const RngKey* rng, VerifyOutputs out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ ClusterBlk::Shared shared;
+  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
+  ClusterBlk b(&shared);
+  const auto r = static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks;
+  const RngKey key = rng[r];
+  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::stochastic_walk(b, n, e, target, draft, sampling, key, rejected);
+  });
+  b.finish();
+#endif
+}
+
 }  // namespace
 
 cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
@@ -84,13 +106,14 @@ cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t
 
 cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                     DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, RowSplit split) {
   if (!validate_verify_stochastic(trees, target, draft, sampling, rng, out).ok()) return cudaErrorInvalidValue;
   if (trees.batch == 0) return cudaSuccess;
   const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
-  verify_stochastic_kernel<<<static_cast<unsigned>(trees.batch), kThreads, 0, stream>>>(trees, target, draft_rows,
-                                                                                        sampling, rng, out);
-  return cudaGetLastError();
+  return detail::launch_rows(split, verify_stochastic_kernel, kThreads, verify_stochastic_cluster_kernel, kThreads,
+                             trees.batch, stream, trees, target, draft_rows, sampling, rng, out);
 }
+
+bool verify_clusters_available() { return detail::cluster_ready(verify_stochastic_cluster_kernel); }
 
 }  // namespace specd::cuda

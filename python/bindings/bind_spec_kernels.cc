@@ -108,8 +108,8 @@ ProbRows prob_rows(uintptr_t data, int32_t rows, int32_t vocab, int64_t stride) 
 }
 
 #ifdef SPECD_WITH_CUDA
-cuda::SamplingRowSplit row_split(bool cluster) {
-  return cluster ? cuda::SamplingRowSplit::kCluster : cuda::SamplingRowSplit::kOneBlock;
+cuda::RowSplit row_split(bool cluster) {
+  return cluster ? cuda::RowSplit::kCluster : cuda::RowSplit::kOneBlock;
 }
 #endif
 
@@ -212,7 +212,7 @@ void bind_spec_kernels(py::module_& m) {
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("status_ptr"),
       py::arg("stream"), py::arg("cluster") = false,
       "Launch the CUDA sample_tokens kernel on device pointers (no host sync); cluster: a "
-      "thread-block cluster per row (specd/cuda/sampling.h, SamplingRowSplit).");
+      "thread-block cluster per row (specd/cuda/row_split.h, RowSplit).");
   m.def(
       "sampling_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
@@ -283,7 +283,7 @@ void bind_spec_kernels(py::module_& m) {
          uintptr_t target, int32_t rows, int32_t vocab, int64_t target_stride, uintptr_t draft,
          int32_t draft_rows, int64_t draft_stride, const std::string& sampling, uintptr_t rng,
          uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
-         uintptr_t stream) {
+         uintptr_t stream, bool cluster) {
         const TreeBatchView t = trees(offsets, parents, tokens, batch, num_nodes);
         const ProbRows target_rows = prob_rows(target, rows, vocab, target_stride);
         const ProbRows d = prob_rows(draft, draft_rows, vocab, draft_stride);
@@ -291,13 +291,16 @@ void bind_spec_kernels(py::module_& m) {
         const VerifyOutputs o = outputs(out_tokens, out_path, num_accepted, status, out_stride);
         check(validate_verify_stochastic(t, target_rows, draft ? &d : nullptr, s, ptr<const RngKey>(rng), o));
         check_launch(cuda::verify_stochastic_batch(t, target_rows, draft ? &d : nullptr, s, ptr<const RngKey>(rng),
-                                                   o, as_stream(stream)),
+                                                   o, as_stream(stream), row_split(cluster)),
                      "verify_stochastic_batch");
       },
       SPECD_TREE_ARGS, py::arg("target_ptr"), py::arg("rows"), py::arg("vocab"), py::arg("target_stride"),
       py::arg("draft_ptr"), py::arg("draft_rows"), py::arg("draft_stride"), py::arg("draft_sampling"),
-      py::arg("rng_ptr"), SPECD_OUT_ARGS, py::arg("stream"),
-      "Launch the CUDA stochastic verification kernel on device pointers (no host sync).");
+      py::arg("rng_ptr"), SPECD_OUT_ARGS, py::arg("stream"), py::arg("cluster") = false,
+      "Launch the CUDA stochastic verification kernel on device pointers (no host sync); cluster: a "
+      "thread-block cluster per request (specd/cuda/row_split.h, RowSplit).");
+  m.def("verify_clusters_available", &cuda::verify_clusters_available,
+        "Whether the clustered stochastic verification kernel runs on the current CUDA device.");
 #endif
 }
 

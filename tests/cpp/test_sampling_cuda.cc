@@ -3,7 +3,7 @@
 // sampling_probs_batch_cpu within one float ulp, per-row statuses equal, on random rows with
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
 // (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
-// runs with one block per row and with a cluster of blocks per row (SamplingRowSplit). Skips, saying why, without a CUDA device.
+// runs with one block per row and with a cluster of blocks per row (RowSplit). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -31,16 +31,16 @@ struct GpuSampling {
   std::vector<float> both_probs;
 };
 
-constexpr cuda::SamplingRowSplit kSplits[] = {cuda::SamplingRowSplit::kOneBlock, cuda::SamplingRowSplit::kCluster};
+constexpr cuda::RowSplit kSplits[] = {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster};
 
-std::string split_name(cuda::SamplingRowSplit split) {
-  return split == cuda::SamplingRowSplit::kOneBlock ? "one block per row" : "a cluster per row";
+std::string split_name(cuda::RowSplit split) {
+  return split == cuda::RowSplit::kOneBlock ? "one block per row" : "a cluster per row";
 }
 
 // Runs the three kernels on `logits` (host data of `bytes` bytes, described by `rows`).
 template <class T>
 void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c, GpuSampling* out,
-             cuda::SamplingRowSplit split = cuda::SamplingRowSplit::kOneBlock) {
+             cuda::RowSplit split = cuda::RowSplit::kOneBlock) {
   DeviceBuffer<T> logits(host_logits);
   DeviceBuffer<SamplingParams> params(c.params);
   DeviceBuffer<RngKey> keys(c.keys);
@@ -106,7 +106,7 @@ TEST(SamplingCuda, MatchesCpuOnRandomRows) {
   std::mt19937_64 g(21);
   for (int32_t vocab : {1, 2, 3, 31, 32, 33, 511, 512, 513, 5000}) {
     const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 64 : 300, vocab);
-    for (cuda::SamplingRowSplit split : kSplits) {
+    for (cuda::RowSplit split : kSplits) {
       GpuSampling gpu;
       run_gpu(c.logits, c.view(), c, &gpu, split);
       if (HasFatalFailure()) return;
@@ -120,7 +120,7 @@ TEST(SamplingCuda, LargeVocabulariesMatchCpu) {
   std::mt19937_64 g(22);
   for (int32_t vocab : {32000, 151936}) {
     const SamplingCase c = random_sampling_case(&g, 12, vocab);
-    for (cuda::SamplingRowSplit split : kSplits) {
+    for (cuda::RowSplit split : kSplits) {
       GpuSampling gpu;
       run_gpu(c.logits, c.view(), c, &gpu, split);
       if (HasFatalFailure()) return;
@@ -143,7 +143,7 @@ TEST(SamplingCuda, HalfAndBFloat16Logits) {
       decoded.logits[i] = dtype == LogitsDtype::kFloat16 ? detail::half_to_float(words[i]) : detail::bfloat16_to_float(words[i]);
     }
     const LogitRows rows{words.data(), dtype, c.rows, c.vocab, c.stride};
-    for (cuda::SamplingRowSplit split : kSplits) {
+    for (cuda::RowSplit split : kSplits) {
       GpuSampling gpu;
       run_gpu(words, rows, c, &gpu, split);
       if (HasFatalFailure()) return;
@@ -164,7 +164,7 @@ TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
   bad.temperature = -1;
   c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
   c.keys.assign(4, RngKey{});
-  for (cuda::SamplingRowSplit split : kSplits) {
+  for (cuda::RowSplit split : kSplits) {
     GpuSampling gpu;
     run_gpu(c.logits, c.view(), c, &gpu, split);
     if (HasFatalFailure()) return;
@@ -179,7 +179,7 @@ TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937_64 g(24);
   const SamplingCase c = random_sampling_case(&g, 100, 2000);
-  for (cuda::SamplingRowSplit split : kSplits) {
+  for (cuda::RowSplit split : kSplits) {
     GpuSampling a, b;
     run_gpu(c.logits, c.view(), c, &a, split);
     run_gpu(c.logits, c.view(), c, &b, split);

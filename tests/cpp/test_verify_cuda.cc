@@ -3,7 +3,8 @@
 // references, on random batches of chains and trees with mixed k (0 included), with and
 // without draft rows, both draft sampling modes, plus requests with bad inputs; and a
 // statistical check that GPU stochastic verification is lossless (the first emitted token
-// follows the target distribution, chi-square). Skips, saying why, without a CUDA device.
+// follows the target distribution, chi-square). Stochastic verification runs with one block and
+// with a thread-block cluster per request (RowSplit). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -23,8 +24,9 @@
 namespace specd::testing {
 namespace {
 
-// Uploads the run's inputs, runs the kernel of `kind`, downloads `out`.
-void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true) {
+// Uploads the run's inputs, runs the kernel of `kind` (stochastic kinds with `split`), downloads `out`.
+void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true,
+             cuda::RowSplit split = cuda::RowSplit::kOneBlock) {
   DeviceBuffer<int32_t> offsets(c.offsets), parents(c.parents), tokens(c.tokens), target_tokens(c.target_tokens);
   DeviceBuffer<float> target(c.target), draft(c.draft), logits(c.logits);
   DeviceBuffer<RngKey> keys(c.keys);
@@ -46,10 +48,10 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
       SPECD_CUDA_OK(cuda::verify_greedy_tokens_batch(trees, target_tokens.get(), o, stream));
       break;
     case VerifyKind::kStochastic:
-      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, &q, c.sampling, keys.get(), o, stream));
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, &q, c.sampling, keys.get(), o, stream, split));
       break;
     case VerifyKind::kStochasticNoDraft:
-      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, nullptr, c.sampling, keys.get(), o, stream));
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, nullptr, c.sampling, keys.get(), o, stream, split));
       break;
   }
   SPECD_CUDA_OK(cudaStreamSynchronize(stream));
@@ -62,22 +64,36 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
 
 class VerifyCuda : public ::testing::TestWithParam<KindCase> {};
 
+bool stochastic(VerifyKind kind) { return kind == VerifyKind::kStochastic || kind == VerifyKind::kStochasticNoDraft; }
+
+// The splits a kind runs with: stochastic verification also with a cluster per request.
+std::vector<cuda::RowSplit> splits_of(VerifyKind kind) {
+  if (stochastic(kind)) return {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster};
+  return {cuda::RowSplit::kOneBlock};
+}
+
+std::string split_name(cuda::RowSplit split) {
+  return split == cuda::RowSplit::kOneBlock ? "" : ", a cluster per request";
+}
+
 TEST_P(VerifyCuda, MatchesCpuBatchAndReference) {
   SPECD_SKIP_WITHOUT_GPU();
   const KindCase& k = GetParam();
   for (int32_t vocab : {2, 5, 33, 257, 1000, 32000}) {
     const BatchRun run = make_run(300 + static_cast<uint64_t>(vocab), vocab >= 32000 ? 24 : 150, vocab, k.how, k.kind);
-    const std::string what = std::string(k.name) + " vocab " + std::to_string(vocab);
-    BatchOutputs gpu(run.c.batch(), run.c.num_nodes()), cpu(run.c.batch(), run.c.num_nodes());
-    run_gpu(run.c, k.kind, &gpu);
-    run_cpu(run, k.kind, &cpu);
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(gpu.status, cpu.status) << what;
-    EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << what;
-    EXPECT_EQ(gpu.tokens, cpu.tokens) << what;
-    EXPECT_EQ(gpu.path, cpu.path) << what;
-    EXPECT_EQ(compare_verify(run.c, run.want, gpu, what), 0);
-    expect_error_codes(run, gpu);
+    for (cuda::RowSplit split : splits_of(k.kind)) {
+      const std::string what = std::string(k.name) + " vocab " + std::to_string(vocab) + split_name(split);
+      BatchOutputs gpu(run.c.batch(), run.c.num_nodes()), cpu(run.c.batch(), run.c.num_nodes());
+      run_gpu(run.c, k.kind, &gpu, true, split);
+      run_cpu(run, k.kind, &cpu);
+      if (HasFatalFailure()) return;
+      EXPECT_EQ(gpu.status, cpu.status) << what;
+      EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << what;
+      EXPECT_EQ(gpu.tokens, cpu.tokens) << what;
+      EXPECT_EQ(gpu.path, cpu.path) << what;
+      EXPECT_EQ(compare_verify(run.c, run.want, gpu, what), 0);
+      expect_error_codes(run, gpu);
+    }
   }
 }
 
@@ -95,14 +111,16 @@ TEST_P(VerifyCuda, PaddedOutputsMatchCpu) {
   const KindCase& k = GetParam();
   const BatchRun run = make_run(500, 80, 20, k.how, k.kind);
   for (int32_t stride : {max_request_nodes(run.c) + 2, 3}) {
-    BatchOutputs gpu(run.c.batch(), run.c.num_nodes(), stride), cpu(run.c.batch(), run.c.num_nodes(), stride);
-    run_gpu(run.c, k.kind, &gpu);
-    run_cpu(run, k.kind, &cpu);
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(gpu.status, cpu.status) << "stride " << stride;
-    EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << "stride " << stride;
-    EXPECT_EQ(gpu.tokens, cpu.tokens) << "stride " << stride;
-    EXPECT_EQ(gpu.path, cpu.path) << "stride " << stride;
+    for (cuda::RowSplit split : splits_of(k.kind)) {
+      BatchOutputs gpu(run.c.batch(), run.c.num_nodes(), stride), cpu(run.c.batch(), run.c.num_nodes(), stride);
+      run_gpu(run.c, k.kind, &gpu, true, split);
+      run_cpu(run, k.kind, &cpu);
+      if (HasFatalFailure()) return;
+      EXPECT_EQ(gpu.status, cpu.status) << "stride " << stride << split_name(split);
+      EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << "stride " << stride << split_name(split);
+      EXPECT_EQ(gpu.tokens, cpu.tokens) << "stride " << stride << split_name(split);
+      EXPECT_EQ(gpu.path, cpu.path) << "stride " << stride << split_name(split);
+    }
   }
 }
 
@@ -124,10 +142,10 @@ int64_t num_trials() {
   return env ? std::atoll(env) : 100000;
 }
 
-void check_lossless(Proposal how, VerifyKind kind) {
+void check_lossless(Proposal how, VerifyKind kind, cuda::RowSplit split = cuda::RowSplit::kOneBlock) {
   const LosslessBatch batch = make_lossless_batch(how, num_trials());
   BatchOutputs gpu(batch.run.c.batch(), batch.run.c.num_nodes()), cpu(batch.run.c.batch(), batch.run.c.num_nodes());
-  run_gpu(batch.run.c, kind, &gpu);
+  run_gpu(batch.run.c, kind, &gpu, true, split);
   run_cpu(batch.run, kind, &cpu);
   if (::testing::Test::HasFatalFailure()) return;
   EXPECT_EQ(gpu.tokens, cpu.tokens) << "GPU and CPU batched verification differ";
@@ -147,6 +165,21 @@ TEST(VerifyCudaLossless, TreeWithDraftRowsIndependent) {
 TEST(VerifyCudaLossless, TreeWithoutDraftRows) {
   SPECD_SKIP_WITHOUT_GPU();
   check_lossless(Proposal::kOneHot, VerifyKind::kStochasticNoDraft);
+}
+
+TEST(VerifyCudaLossless, ClusteredTreeWithDraftRowsWithoutReplacement) {
+  SPECD_SKIP_WITHOUT_GPU();
+  check_lossless(Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic, cuda::RowSplit::kCluster);
+}
+
+// On an sm_90+ GPU the clustered kernel really runs (not the one-block fallback).
+TEST(VerifyCudaOutputs, ClustersRunOnHopperAndLater) {
+  SPECD_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  SPECD_CUDA_OK(cudaGetDevice(&device));
+  SPECD_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
+  EXPECT_TRUE(cuda::verify_clusters_available());
 }
 
 TEST(VerifyCuda, RejectsInvalidSizesWithoutLaunching) {

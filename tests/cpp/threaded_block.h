@@ -41,6 +41,7 @@ class ThreadedBlock {
   ThreadedBlock(Shared* shared, int32_t rank) : s_(shared), rank_(rank) {}
 
   int32_t rank() const { return rank_; }
+  bool leader() const { return rank_ == 0; }
   int32_t size() const { return s_->n; }
   void sync() {
     std::unique_lock<std::mutex> lock(s_->m);

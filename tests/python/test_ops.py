@@ -403,8 +403,26 @@ def test_sampling_cluster_flag_keeps_the_cpu_reference():
             assert torch.equal(p, c), name
 
 
+def test_gpu_clustered_verify_stochastic_equals_cpu_op(cuda):
+    """verify_stochastic(cluster=True) (a thread-block cluster per request on sm_90+) against the
+    CPU op on trees over 151,936-token rows, with and without draft rows."""
+    rng = np.random.default_rng(33)
+    _, offsets, parents, tokens = random_trees(rng, 6, 151_936, max_nodes=5)
+    n = int(offsets[-1])
+    target = torch.softmax(torch.from_numpy(rng.standard_normal((n, 151_936)).astype(np.float32) * 3), -1)
+    draft = torch.softmax(torch.from_numpy(rng.standard_normal((n, 151_936)).astype(np.float32) * 3), -1)
+    keys = ops.pack_rng_keys(torch.tensor(3), torch.arange(6), torch.tensor(0), torch.tensor(9))
+    for d in (draft, None):
+        want = ops.verify_stochastic(offsets, parents, tokens, target, d, keys)
+        got = ops.verify_stochastic(*to(cuda, (offsets, parents, tokens, target, d, keys)), cluster=True)
+        for w, g in zip(want, got):
+            assert torch.equal(g.cpu(), w)
+    if torch.cuda.get_device_capability(cuda)[0] >= 9:
+        assert _core.verify_clusters_available()
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLING_OPS))
-def test_gpu_clustered_sampling_equals_cpu_op(cuda, name):
+def test_gpu_cluster_rows_equals_cpu_op(cuda, name):
     """cluster=True (a thread-block cluster per row on sm_90+) against the CPU op, on rows of
     the real vocabulary size where eight blocks share each pass."""
     op, _ = opcheck_samples()[SAMPLING_OPS[name]]

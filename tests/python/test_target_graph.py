@@ -212,8 +212,9 @@ def test_target_graph_option_errors(pair):
 
 def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, monkeypatch):
     """LLM(kernels=KernelChoice(...)) sets both models' kernels: both runners' KernelAttention and
-    the kernel-attention forwards pass grouped=True to the attention op, and the draft's sampled
-    rows (graph runner and plain loop) pass cluster=True to the sampling op. On the CPU the ops
+    the kernel-attention forwards pass grouped=True to the attention op, the draft's sampled
+    rows (graph runner and plain loop) pass cluster=True to the sampling op, and the sampled
+    requests' verification passes cluster=True to verify_stochastic. On the CPU the ops
     run the float32 references either way, so outputs equal the default kernels'."""
     target, draft, prompts, baseline = pair
     seen = {"grouped": [], "cluster": []}
@@ -236,7 +237,17 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
     for name, fn in (("tree_attention", attention), ("sample_tokens_and_probs", sample),
                      ("sample_tokens_and_probs_out", sample_out)):
         monkeypatch.setattr(torch.ops.specd, name, fn, raising=False)
-    both = specd.KernelChoice(grouped_attention=True, clustered_sampling=True)
+    import specd.engine.batch_verify as batch_verify
+
+    real_verify = batch_verify.verify_stochastic
+
+    def verify(*args, cluster=False, **kwargs):
+        seen["verify"].append(cluster)
+        return real_verify(*args, cluster=cluster, **kwargs)
+
+    seen["verify"] = []
+    monkeypatch.setattr(batch_verify, "verify_stochastic", verify)
+    both = specd.KernelChoice(grouped_attention=True, cluster_rows=True)
     llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, kernels=both)
     assert llm.target.kernels == both and llm.draft.kernels == both
     assert llm.target_graph.backend.grouped and llm.draft_graph.backend.grouped
@@ -247,11 +258,13 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
             .generate(prompts, sampled)]
     seen["grouped"].clear()  # the calls of `want`'s LLM (default kernels)
     seen["cluster"].clear()
+    seen["verify"].clear()
     assert [o.token_ids for o in llm.generate(prompts, sampled)] == want
     eager = make_llm(target, draft, "draft", kernels=both)  # the plain draft loop
     assert [o.token_ids for o in eager.generate(prompts, sampled)] == want
     assert seen["grouped"] and all(seen["grouped"])
     assert seen["cluster"] and all(seen["cluster"])
+    assert seen["verify"] and all(seen["verify"])  # the target's verification of sampled requests
     default = make_llm(target, draft, "draft", target_graph=True)
     assert default.target.kernels == specd.KernelChoice() and not default.target_graph.backend.grouped
     with pytest.raises(errors.InvalidArgumentError, match="kernels must be a specd.KernelChoice"):
@@ -306,7 +319,7 @@ def test_gpu_kernel_choice_keeps_outputs(pair, cuda):
     runners (captured graphs): speculative greedy outputs equal plain decoding through the
     same kernels, and seeded sampled outputs equal those of the default kernels."""
     target, draft, prompts, _ = pair
-    both = specd.KernelChoice(grouped_attention=True, clustered_sampling=True)
+    both = specd.KernelChoice(grouped_attention=True, cluster_rows=True)
     params = greedy_params(len(prompts))
     plain = specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET, kernels=both)
     want = [o.token_ids for o in plain.generate(prompts, params)]

@@ -63,6 +63,7 @@ class ClusterBlock {
 
   __device__ int32_t rank() const { return block_rank() * kThreads + static_cast<int32_t>(threadIdx.x); }
   __device__ int32_t size() const { return kThreads * kBlocks; }
+  __device__ bool leader() const { return threadIdx.x == 0; }  // every block has its own scratch
   __device__ void sync() {
     __threadfence();
     cluster_sync();

@@ -46,6 +46,7 @@ class DeviceBlock {
   __device__ explicit DeviceBlock(Shared* shared) : s_(shared) {}
 
   __device__ int32_t rank() const { return static_cast<int32_t>(threadIdx.x); }
+  __device__ bool leader() const { return threadIdx.x == 0; }
   __device__ int32_t size() const { return kThreads; }
   __device__ void sync() { __syncthreads(); }
 

@@ -55,10 +55,12 @@ class VerifyInputs:
 
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
-                  draft_dists: dict[int, torch.Tensor]) -> dict[int, VerifyInputs]:
+                  draft_dists: dict[int, torch.Tensor], cluster: bool = False) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
-    ``[len(tree), vocab]`` float32 for sampled draft-model chains."""
+    ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
+    and stochastic verification kernels with a thread-block cluster per row / request
+    (KernelChoice.cluster_rows of the target)."""
     spans, row = [], 0
     for it in deciding:
         spans.append((row, row + len(trees[it.request.id])))
@@ -80,7 +82,7 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
     for drafted in (True, False):
         group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
         if group:
-            results = _verify_sampled(group, trees, logits, draft_dists if drafted else None)
+            results = _verify_sampled(group, trees, logits, draft_dists if drafted else None, cluster)
             for (it, _), result in zip(group, results):
                 if isinstance(result, str):
                     out[it.request.id].error = result
@@ -112,7 +114,8 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
-                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]]) -> list[Union[VerifyOutput, str]]:
+                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]],
+                    cluster: bool = False) -> list[Union[VerifyOutput, str]]:
     """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
     trees; the parameters and keys), one device-to-host copy (the results, the only wait).
     A request whose verification failed gets an error message instead of a VerifyOutput."""
@@ -139,11 +142,12 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
     params, keys = words[:params.numel()].view(nodes, 4), words[params.numel():].view(len(reqs), 3)
 
     rows = torch.cat([logits[a:b] for _, (a, b) in group]) if len(group) > 1 else logits[group[0][1][0]:group[0][1][1]]
-    probs, row_status = sampling_probs(rows, params)
+    probs, row_status = sampling_probs(rows, params, cluster)
     draft = None
     if draft_dists is not None:
         draft = torch.cat([draft_dists[r.id] for r in reqs]).float()
-    out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys)
+    out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
+                                                           cluster=cluster)
     host = torch.cat([out_tokens, path, accepted, status, row_status]).cpu().numpy()  # the one sync
     out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, len(reqs), len(reqs)]))
     results = []

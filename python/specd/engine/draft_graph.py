@@ -373,7 +373,7 @@ class DraftGraphRunner:
         if sampling:
             buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
             tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j],
-                                          cluster=kernels_of(self.model).clustered_sampling)
+                                          cluster=kernels_of(self.model).cluster_rows)
         else:
             tokens = torch.argmax(logits, dim=-1)
         buf.tokens[j].copy_(tokens)

@@ -58,7 +58,7 @@ def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Te
     ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device. With ``out``
     (contiguous float32 ``[m, vocab]``, e.g. a draft graph buffer's row block) the
     distributions are written there and ``out`` is returned: no second copy of them.
-    ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.clustered_sampling)."""
+    ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.cluster_rows)."""
     if out is None:
         tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys, cluster)
     else:

@@ -22,6 +22,7 @@ from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.timer import WallTimer, causal_keys
 from specd.errors import InvalidArgumentError
+from specd.models.kernel_choice import kernels_of
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
@@ -138,7 +139,8 @@ class Engine:
         forward_s += target_s
         finished = []
         self._emitted = 0
-        inputs = verify_inputs([it for it in items if it.decide], trees, logits, draft_dists)
+        inputs = verify_inputs([it for it in items if it.decide], trees, logits, draft_dists,
+                               cluster=kernels_of(self.target).cluster_rows)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)

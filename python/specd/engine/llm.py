@@ -94,8 +94,9 @@ class LLM:
         kernel-attention forwards (the graph runners) by the split, head-grouped kernel (a
         block per query token, GQA group and KV split, partial softmax states merged: reads
         each K/V row once per group and spreads one long request over the GPU;
-        cuda/tree_attention_grouped.h); ``clustered_sampling``: the draft's sampled rows by
-        the sampling kernels with a thread-block cluster per row (sm_90+). Both opt-in, not
+        cuda/tree_attention_grouped.h); ``cluster_rows``: the sampling and stochastic
+        verification kernels (the draft's sampled rows, the target's verification of sampled
+        requests) with a thread-block cluster per row (sm_90+). Both opt-in, not
         yet validated on a GPU; same rules, equal to float rounding; no effect on the CPU (the
         float32 references). None (default): each model's own ``kernels`` (LlamaModel
         default ``KernelChoice()``: the H100-validated kernels).

@@ -230,7 +230,7 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
                                            [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
             index = torch.tensor(rows, dtype=torch.int64).to(device)
             drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys,
-                                             cluster=kernels_of(model).clustered_sampling)
+                                             cluster=kernels_of(model).cluster_rows)
         at = {row: n for n, row in enumerate(rows)}
         for row, i in enumerate(active):
             if items[i].request.params.greedy:

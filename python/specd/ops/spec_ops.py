@@ -69,7 +69,7 @@ def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
     bfloat16; params int64 ``[rows, 4]`` (:func:`pack_sampling_params`); rng int64 ``[rows, 3]``
     (:func:`pack_rng_keys`). Returns (tokens int32 ``[rows]``, -1 where status != 0; status int32).
     cluster: on an sm_90+ GPU, a thread-block cluster of 8 blocks per row instead of one block
-    (cuda/sampling.h ``SamplingRowSplit``; not yet run on a GPU; elsewhere and on the CPU it
+    (cuda/row_split.h ``RowSplit``; not yet run on a GPU; elsewhere and on the CPU it
     changes nothing). The same for the other sampling ops."""
     no_kernel_for_device("sample_tokens", logits, params, rng)
 
@@ -288,20 +288,21 @@ def _(node_offsets, parents, tokens, target_tokens, out_stride=0):
 @torch.library.custom_op("specd::verify_stochastic", mutates_args=())
 def verify_stochastic(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
                       target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor], rng: torch.Tensor,
-                      draft_sampling: str = "without_replacement", out_stride: int = 0,
+                      draft_sampling: str = "without_replacement", out_stride: int = 0, cluster: bool = False,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless stochastic verification (verify.h rules) of a batch of trees.
 
     target_probs, draft_probs: float32 ``[rows >= num_nodes, vocab]`` distributions (after the
     sampling rules); draft_probs None: deterministic proposals. rng: int64 ``[batch, 3]``
     (:func:`pack_rng_keys`, position = the first token decided). draft_sampling:
-    "without_replacement" or "independent". Returns (tokens, path, num_accepted, status).
+    "without_replacement" or "independent". cluster: a thread-block cluster per request on
+    sm_90+ GPUs (as the sampling ops' ``cluster``). Returns (tokens, path, num_accepted, status).
     """
     no_kernel_for_device("verify_stochastic", node_offsets, parents, tokens, target_probs)
 
 
 def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs, rng,
-                       draft_sampling="without_replacement", out_stride=0):
+                       draft_sampling="without_replacement", out_stride=0, cluster=False):
     op = "verify_stochastic"
     device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
                            target_probs=target_probs, draft_probs=draft_probs, rng=rng)
@@ -323,13 +324,14 @@ def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs,
     if batch:
         launch(device, _core.verify_stochastic_batch_cpu, "verify_stochastic_batch_cuda", offsets.data_ptr(),
                parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(), target.shape[0], vocab,
-               t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(), *_out_ptrs(out, out_stride))
+               t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(), *_out_ptrs(out, out_stride),
+               **_cluster_option(cluster))
     return out
 
 
 @verify_stochastic.register_fake
 def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampling="without_replacement",
-      out_stride=0):
+      out_stride=0, cluster=False):
     return _fake_outputs(node_offsets, parents, out_stride)
 
 

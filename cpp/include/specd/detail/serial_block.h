@@ -2,7 +2,11 @@
 // with one thread, so the CPU runs exactly the code the CUDA kernels run.
 //
 // The Block concept (the CUDA one is cuda/src/device_block.cuh):
-// - rank() in [0, size()): this thread; loops over a row are strided (i = rank(); i < n;
+// - rank() in [0, size()): this thread; leader(): whether this thread writes values that
+//   every thread of its own thread block reads from block-local scratch (`__shared__`
+//   arrays the row code keeps beside the Block): rank 0 for a single block, the first thread
+//   of each block for a cluster of blocks (cuda/src/detail/cluster_block.cuh), whose blocks
+//   each hold their own copy; loops over a row are strided (i = rank(); i < n;
 //   i += size()) or tiled (block_algorithms.h: tiles of size() * kTileRun ids, rank()'s
 //   kTileRun consecutive ids in each, threads ordered by a block scan).
 // - Collectives: every thread of the block calls them, in the same order, with uniform
@@ -31,6 +35,7 @@ namespace specd::detail {
 class SerialBlock {
  public:
   SPECD_HOST_DEVICE int32_t rank() const { return 0; }
+  SPECD_HOST_DEVICE bool leader() const { return true; }
   SPECD_HOST_DEVICE int32_t size() const { return 1; }
   SPECD_HOST_DEVICE void sync() {}
 

@@ -295,7 +295,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       });
       p_sum = b.sum(p_sum);
       q_sum = b.sum(q_sum);
-      if (b.rank() == 0) rejected[j] = make_rejection(x, p_sum, q_sum);
+      if (b.leader()) rejected[j] = make_rejection(x, p_sum, q_sum);  // each block's own scratch
       b.sync();  // rejected[j] visible to all before sibling j + 1
     }
     if (accepted >= 0) {

@@ -1,6 +1,6 @@
 // CUDA batched sampling: the rules of specd/sampling_batch.h (CPU versions sample_tokens_cpu
 // and sampling_probs_batch_cpu, which run the same row algorithm on one thread) on the
-// device, one thread block (or one cluster of blocks: SamplingRowSplit) per row, on the
+// device, one thread block (or one cluster of blocks: RowSplit) per row, on the
 // caller's stream, without host synchronization.
 //
 // All pointers are device pointers except the LogitRows struct itself (host memory that
@@ -31,38 +31,29 @@
 
 #include <cstdint>
 
+#include "specd/cuda/row_split.h"
 #include "specd/sampling_batch.h"
 
 namespace specd::cuda {
 
-// How many thread blocks work on one row.
-// - kOneBlock: one block of 512 threads per row (every GPU). Validated and timed on an H100.
-// - kCluster: a thread-block cluster of kSamplingClusterBlocks blocks of 256 threads per row
-//   (sm_90+: the row's passes spread over 8 multiprocessors, the collectives combined through
-//   distributed shared memory; cuda/src/detail/cluster_block.cuh). The same row algorithm and
-//   rules; sums fold in another fixed order, so the CPU equality caveat below holds alike.
-//   Where clusters cannot run (sampling_clusters_available() false), kOneBlock runs instead.
-//   Compiled and tested here; NOT YET RUN ON A GPU.
-enum class SamplingRowSplit : int32_t { kOneBlock = 0, kCluster = 1 };
-inline constexpr int kSamplingClusterBlocks = 8;
-
+// split: one block per row, or a thread-block cluster per row on sm_90+ (specd/cuda/row_split.h).
 // Whether kCluster launches clusters on the current device (cluster launch supported and
 // sm_90+ code loaded).
 bool sampling_clusters_available();
 
 cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                           int32_t* tokens, int32_t* status, cudaStream_t stream,
-                          SamplingRowSplit split = SamplingRowSplit::kOneBlock);
+                          RowSplit split = RowSplit::kOneBlock);
 
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
                                  int32_t* status, cudaStream_t stream,
-                                 SamplingRowSplit split = SamplingRowSplit::kOneBlock);
+                                 RowSplit split = RowSplit::kOneBlock);
 
 // Both in one launch (sample_tokens_and_probs_cpu): each row's probabilities as
 // sampling_probs_batch writes them, and the token sample_tokens gives, drawn from the row just
 // written (the block reads it back after a barrier) instead of recomputing it from the logits.
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    SamplingRowSplit split = SamplingRowSplit::kOneBlock);
+                                    RowSplit split = RowSplit::kOneBlock);
 
 }  // namespace specd::cuda

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 
+#include "specd/cuda/row_split.h"
 #include "specd/verify_batch.h"
 
 namespace specd::cuda {
@@ -42,8 +43,13 @@ cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t
                                        const VerifyOutputs& out, cudaStream_t stream);
 
 // draft == nullptr: no draft rows (deterministic proposals; `sampling` is ignored).
+// split: one block of 256 threads per request, or a thread-block cluster of 8 blocks of 256
+// per request on sm_90+ (specd/cuda/row_split.h; not yet run on a GPU).
 cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                     DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
-                                    cudaStream_t stream);
+                                    cudaStream_t stream, RowSplit split = RowSplit::kOneBlock);
+
+// Whether RowSplit::kCluster launches clusters for verify_stochastic_batch on this device.
+bool verify_clusters_available();
 
 }  // namespace specd::cuda
