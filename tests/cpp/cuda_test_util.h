@@ -22,6 +22,20 @@ namespace specd::testing {
 #define SPECD_SKIP_WITHOUT_GPU() \
   if (::specd::cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine"
 
+// Compute capability major of the current device (0 when it cannot be read).
+inline int device_major() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return 0;
+  return major;
+}
+
+// Skips unless the device runs thread-block clusters (sm_90+; the RowSplit::kCluster kernels).
+#define SPECD_SKIP_WITHOUT_CLUSTERS()                                                              \
+  SPECD_SKIP_WITHOUT_GPU();                                                                        \
+  if (::specd::testing::device_major() < 9)                                                        \
+  GTEST_SKIP() << "compute capability " << ::specd::testing::device_major() << ".x: no thread-block clusters"
+
 // Device copy of a host vector (freed on destruction; null on allocation failure).
 template <class T>
 class DeviceBuffer {

@@ -191,11 +191,7 @@ TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
 
 // On an sm_90+ GPU the clustered kernels really run (not the one-block fallback).
 TEST(SamplingCuda, ClustersRunOnHopperAndLater) {
-  SPECD_SKIP_WITHOUT_GPU();
-  int device = 0, major = 0;
-  SPECD_CUDA_OK(cudaGetDevice(&device));
-  SPECD_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
+  SPECD_SKIP_WITHOUT_CLUSTERS();
   EXPECT_TRUE(cuda::sampling_clusters_available());
 }
 

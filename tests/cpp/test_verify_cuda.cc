@@ -174,11 +174,7 @@ TEST(VerifyCudaLossless, ClusteredTreeWithDraftRowsWithoutReplacement) {
 
 // On an sm_90+ GPU the clustered kernel really runs (not the one-block fallback).
 TEST(VerifyCudaOutputs, ClustersRunOnHopperAndLater) {
-  SPECD_SKIP_WITHOUT_GPU();
-  int device = 0, major = 0;
-  SPECD_CUDA_OK(cudaGetDevice(&device));
-  SPECD_CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (major < 9) GTEST_SKIP() << "compute capability " << major << ".x: no thread-block clusters";
+  SPECD_SKIP_WITHOUT_CLUSTERS();
   EXPECT_TRUE(cuda::verify_clusters_available());
 }
 
