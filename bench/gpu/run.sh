@@ -8,7 +8,7 @@
 #                      Not `pip install .`: that machine has no network, and its torch is not
 #                      the version pyproject pins. The Python package runs from a private copy
 #                      of python/specd with the built _core (nothing is installed).
-#   2 ctest  (~1.5 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
+#   2 ctest  (~2-3 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
 #   3 pytest (~1.5 min) the Python GPU tests: ops on cuda vs cpu (layer ops included), draft graph replay vs eager
 #                      and without host sync, slot mapping / KV kernels on cuda, the statistical
 #                      losslessness tests on the GPU path (test_gpu_statistics.py), graphs captured up
@@ -117,7 +117,7 @@ export PYTHONUNBUFFERED=1
 if [[ " $STAGES " == *" ctest "* ]]; then
   if [ -x "$BUILD/tests/specd_cuda_tests" ]; then
     : > "$OUT_DIR/ctest.log"
-    stage ctest ctest 150 ctest --test-dir "$BUILD" -R Cuda --output-on-failure --timeout 120
+    stage ctest ctest 240 ctest --test-dir "$BUILD" -R Cuda --output-on-failure --timeout 120
     grep -E "tests passed|tests failed|FAILED|Failed" "$OUT_DIR/ctest.log" | tail -15 | tee -a "$SUMMARY"
   else
     note "[ctest] skipped: specd_cuda_tests not built (GoogleTest not found)"
