@@ -67,8 +67,8 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify}.py -k 'gpu or cuda'"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
-  PYTHONPATH="${PYTHONPATH:-$ROOT/python}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
-  PYTHONPATH="${PYTHONPATH:-$ROOT/python}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   exit 0
 fi
 
