@@ -180,6 +180,29 @@ def test_kernel_attention_takes_tree_masks(pair):
     assert (got - want).abs().max() <= TOL
 
 
+def test_tree_mask_rows_pack_bits_as_the_kernel_reads_them():
+    """tree_mask_rows: bit m % 64 of word m // 64 of row t is whether token t sees its segment's
+    new token m; causal rows (130 tokens: three words) and a random mask (70 tokens) in one
+    batch; all-causal batches need no mask."""
+    from specd.engine.model_runner import tree_mask_rows
+
+    rng = np.random.default_rng(8)
+    mask = torch.from_numpy(rng.random((70, 70)) < 0.3)
+
+    def seg(q, m):
+        return Segment(0, torch.zeros(q, dtype=torch.int64), torch.arange(q), np.full(q, -1), q, m)
+
+    rows = tree_mask_rows([seg(130, None), seg(70, mask), seg(3, None)])
+    assert rows.dtype == np.int64 and rows.shape == (203, 3)
+    want = np.zeros((203, 192), dtype=bool)
+    want[:130, :130] = np.tri(130, dtype=bool)
+    want[130:200, :70] = mask.numpy()
+    want[200:, :3] = np.tri(3, dtype=bool)
+    got = (rows.view(np.uint64)[:, :, None] >> np.arange(64, dtype=np.uint64)) & np.uint64(1)
+    assert np.array_equal(got.reshape(203, 192).astype(bool), want)
+    assert tree_mask_rows([seg(5, None), seg(2, None)]) is None
+
+
 def test_bfloat16_forward_is_close_to_float32(pair, tmp_path):
     _, hf, ours = pair
     ids = [int(t) for t in np.random.default_rng(4).integers(0, ours.config.vocab_size, 20)]

@@ -76,11 +76,22 @@ def tree_mask_rows(segments: list[Segment]) -> Optional[np.ndarray]:
     rows = []
     for s in segments:
         q = len(s.input_ids)
+        if s.mask is None:
+            rows.append(_causal_rows(q, words))
+            continue
         bits = np.zeros((q, 64 * words), dtype=bool)
-        bits[:, :q] = s.mask.cpu().numpy() if s.mask is not None else np.tri(q, dtype=bool)
+        bits[:, :q] = s.mask.cpu().numpy()
         # Little-endian bit order and bytes: bit m of the row is bit m % 64 of word m // 64.
         rows.append(np.packbits(bits, axis=1, bitorder="little").view("<i8"))
     return np.concatenate(rows)
+
+
+def _causal_rows(q: int, words: int) -> np.ndarray:
+    """Causal mask rows as int64 words ``[q, words]``: row i has bits 0..i, word by word
+    (a long prefill chunk beside a token tree costs q x words integers, not q x q bits)."""
+    ones = np.clip(np.arange(q)[:, None] + 1 - 64 * np.arange(words)[None, :], 0, 64)  # bits set per word
+    partial = np.left_shift(np.int64(1), np.minimum(ones, 63).astype(np.int64)) - 1
+    return np.where(ones == 64, np.int64(-1), partial).astype(np.int64)
 
 
 def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
