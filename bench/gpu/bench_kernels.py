@@ -10,7 +10,7 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  top-k 50, top-p 0.9, mixed (the four modes in turn), each with bf16 and fp32
                  logits: ops.sample_tokens vs the batched torch rows (torch_row_sampling.py, the
                  draft graph's sampling before it called the kernel); ops.sampling_probs (mixed);
-                 the per-row torch loop (torch_sampling.py, mixed fp32); and what the draft
+                 the per-row torch loop (torch_row_sampling.row_loop_sampling_probs, mixed fp32); and what the draft
                  loop runs now, ops.sample_tokens_and_probs, vs the torch rows at 1, 8 and 64
                  rows (temperature 0.8 and top-p 0.9, bf16), and its _out form (what the draft
                  graph calls) vs the functional op plus a copy into the buffer; "... cluster":
@@ -244,7 +244,7 @@ def bench_sampling(s: Setup) -> list[dict]:
     import specd.ops as ops
     from specd.engine.params import SamplingParams
     from torch_row_sampling import RowParams, row_sampling_probs, sample_rows
-    from specd.engine.torch_sampling import sampling_probs
+    from torch_row_sampling import row_loop_sampling_probs
 
     dev, n = s.dev, s.batch
     g = torch.Generator(device=dev).manual_seed(0)
@@ -290,10 +290,10 @@ def bench_sampling(s: Setup) -> list[dict]:
                 if dtype == torch.float32:
                     py_params = [SamplingParams(temperature=float(t), top_k=int(k), top_p=float(p)) for t, k, p in
                                  zip(temp.tolist(), top_k.tolist(), top_p.tolist())]
-                    base = s.wall(lambda: [sampling_probs(logits[r], p) for r, p in enumerate(py_params)],
+                    base = s.wall(lambda: [row_loop_sampling_probs(logits[r], p) for r, p in enumerate(py_params)],
                                   max(3, s.reps // 4))
                     out.append(row(s, "sample_tokens", shape, specd, "torch per-row loop", base,
-                                   "the plain draft loop's per-row path", read, "one read of the logits"))
+                                   "the draft-tree loop's per-row path (before 2026-11-27)", read, "one read of the logits"))
     # The draft loop's sampling, by batch: one kernel for tokens + distributions vs the torch rows.
     for rows_n in sorted({1, min(8, n), n}):
         for mode in ("temperature 0.8", "top-p 0.9"):

@@ -125,3 +125,35 @@ def sample_rows(logits: torch.Tensor, p: RowParams, stream: int,
     drawn = sample_inverse_cdf(probs, row_uniforms(p, stream, positions))
     tokens = torch.where(p.greedy, torch.argmax(logits, dim=-1), drawn)
     return tokens, probs.float()
+
+
+def row_loop_sampling_probs(logits: torch.Tensor, p) -> torch.Tensor:
+    """One row: logits ``[vocab]`` -> probabilities ``[vocab]`` (float64) by the rules of
+    sampling.h, for a specd.SamplingParams ``p`` (a softmax and a stable sort of the row: the
+    draft-tree loop's per-row path before it called the sampling kernel's op)."""
+    logits = logits.double()
+    if p.temperature == 0:
+        out = torch.zeros_like(logits)
+        out[torch.argmax(logits)] = 1
+        return out
+    probs = torch.softmax(logits / p.temperature, dim=-1)
+    if p.top_k > 0 or p.top_p < 1 or p.min_p > 0:
+        # Order by (prob desc, id asc): a stable sort of ids by -prob.
+        order = torch.sort(-probs, stable=True).indices
+        ranked = probs[order]
+        keep = torch.ones_like(ranked, dtype=torch.bool)
+        if 0 < p.top_k < ranked.numel():
+            keep[p.top_k:] = False
+            ranked = torch.where(keep, ranked, 0) / ranked[keep].sum()
+        if p.top_p < 1:
+            before = torch.cumsum(ranked, 0) - ranked  # mass of the better-ranked tokens
+            keep &= before < p.top_p
+            keep[0] = True
+            ranked = torch.where(keep, ranked, 0)
+            ranked = ranked / ranked.sum()
+        if p.min_p > 0:
+            keep &= ranked >= p.min_p * ranked[0]
+            ranked = torch.where(keep, ranked, 0)
+            ranked = ranked / ranked.sum()
+        probs = torch.zeros_like(probs).scatter(0, order, torch.where(keep, ranked, 0))
+    return probs

@@ -40,16 +40,21 @@ def key_words(rng_seed: int, rng_request: int) -> tuple[int, int]:
     return signed64(rng_seed), (rng_request & _WORD) | (DRAFT_STREAM << 32)
 
 
+def pack_params(params: Sequence[SamplingParams], device: torch.device) -> torch.Tensor:
+    """Packed params int64 ``[m, 4]`` of m rows (``specd.ops.pack_sampling_params``'s layout), on
+    ``device``."""
+    floats = torch.tensor([[w[0], w[2], w[3]] for w in map(param_words, params)], dtype=torch.float64)
+    top_k = torch.tensor([int(p.top_k) for p in params], dtype=torch.int64)
+    return torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
+                        floats[:, 2].view(torch.int64)], dim=1).to(device)
+
+
 def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requests: Sequence[int],
                     positions: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed params int64 ``[m, 4]`` and keys int64 ``[m, 3]`` of m draft rows, on ``device``."""
-    floats = torch.tensor([[w[0], w[2], w[3]] for w in map(param_words, params)], dtype=torch.float64)
-    top_k = torch.tensor([int(p.top_k) for p in params], dtype=torch.int64)
-    packed = torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
-                          floats[:, 2].view(torch.int64)], dim=1)
     keys = torch.tensor([[*key_words(s, r), pos & _WORD] for s, r, pos in zip(seeds, requests, positions)],
                         dtype=torch.int64)
-    return packed.to(device), keys.to(device)
+    return pack_params(params, device), keys.to(device)
 
 
 def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,

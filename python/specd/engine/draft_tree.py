@@ -17,7 +17,8 @@ Per request, with width w and depth k:
   them by its per-depth acceptance shared by the draft's confidence; goodput_controller.h).
 
 "Probable" is the draft's distribution the request would sample from (temperature, top-k,
-top-p, min-p; plain softmax for greedy requests), so candidates are deterministic: verify
+top-p, min-p, by one specd::sampling_probs call per forward for the sampled rows; plain
+softmax for greedy requests), so candidates are deterministic: verify
 them without draft rows (one-hot proposals), which is lossless for greedy and sampled
 requests alike. Only the catch-up's draft KV is kept; the accepted tokens are fed again as
 the next step's catch-up. The draft's greedy chain is marked in each tree: the policy's
@@ -38,23 +39,37 @@ import numpy as np
 import torch
 
 from specd._core import DraftTreeBuilder
+from specd.engine.draft_sampling import pack_params
 from specd.engine.model_runner import Segment, catch_up_segment, forward, segment_keys
 from specd.engine.scheduler import DRAFT, WorkItem
-from specd.engine.torch_sampling import sampling_probs
 from specd.kv_cache import KVCachePool
+from specd.models.kernel_choice import kernels_of
+from specd.ops import sampling_probs
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
 
-def _children(logits: torch.Tensor, owners: list[WorkItem], width: int) -> tuple[np.ndarray, np.ndarray]:
+def _children(logits: torch.Tensor, owners: list[WorkItem], width: int,
+              cluster: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """The `width` most probable next tokens of each row of a forward's logits ``[rows, vocab]``
     (row r belongs to ``owners[r]``) and their probabilities, read to the host in one copy:
-    int32 and float32 ``[rows, width]`` (probability 0 marks no candidate)."""
-    rows = []
-    for r, item in enumerate(owners):
-        params = item.request.params
-        rows.append(torch.softmax(logits[r].double(), dim=-1) if params.greedy else sampling_probs(logits[r], params))
-    top = torch.topk(torch.stack(rows).double(), min(width, logits.shape[-1]), dim=-1)
+    int32 and float32 ``[rows, width]`` (probability 0 marks no candidate). The distributions:
+    greedy requests' rows by one float64 softmax, sampled requests' rows by one
+    ``specd::sampling_probs`` call (their sampling rules; a row the rules refuse, e.g. NaN
+    logits, is zeros: no candidates); ``cluster``: that call's thread-block cluster per row."""
+    device = logits.device
+    rows = torch.zeros(logits.shape, dtype=torch.float64, device=device)
+    greedy = [r for r, it in enumerate(owners) if it.request.params.greedy]
+    sampled = [r for r, it in enumerate(owners) if not it.request.params.greedy]
+    if greedy:
+        index = torch.tensor(greedy, dtype=torch.int64, device=device)
+        rows[index] = torch.softmax(logits.index_select(0, index).double(), dim=-1)
+    if sampled:
+        index = torch.tensor(sampled, dtype=torch.int64, device=device)
+        params = pack_params([owners[r].request.params for r in sampled], device)
+        probs, _ = sampling_probs(logits.index_select(0, index).float(), params, cluster)
+        rows[index] = probs.double()
+    top = torch.topk(rows, min(width, logits.shape[-1]), dim=-1)
     packed = torch.cat([top.indices.double(), top.values], dim=-1).cpu().numpy()  # the forward's one host read
     return packed[:, :top.indices.shape[-1]].astype(np.int32), packed[:, top.indices.shape[-1]:].astype(np.float32)
 
@@ -150,7 +165,8 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         return on_forward(tokens, call, segment_keys(segments)) if on_forward is not None else call()
 
     logits = run([catch_up_segment(it) for it in items])  # [n, vocab]: each root's next token
-    tokens, probs = _children(logits, items, width)
+    cluster = kernels_of(model).cluster_rows
+    tokens, probs = _children(logits, items, width, cluster)
     for i, g in enumerate(grow):
         g.expand(0, tokens[i], probs[i])
     for j in range(1, max(it.k for it in items)):
@@ -158,7 +174,7 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         planned = [g.segment() for g in active]
         logits = run([seg for seg, _ in planned])
         new = [(g, node) for g, (_, added) in zip(active, planned) for node in g.fed[len(g.fed) - added:]]
-        tokens, probs = _children(logits, [g.item for g, _ in new], width)
+        tokens, probs = _children(logits, [g.item for g, _ in new], width, cluster)
         for r, (g, node) in enumerate(new):
             g.expand(node, tokens[r], probs[r])
     if size is None:
