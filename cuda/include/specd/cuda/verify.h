@@ -16,8 +16,10 @@
 // without launching for batch == 0, else the launch error. Input errors of one request are
 // reported in out.status[r] (VerifyStatus), never as a failed call.
 //
-// Launch shapes: greedy and stochastic use one block of 256 threads per request (a row pass
-// is a strided block loop with block reductions); greedy tokens uses one thread per request.
+// Launch shapes: greedy uses one block of 1024 threads per request, stochastic one block of
+// 256 threads per request or, with RowSplit::kCluster, a cluster of 8 such blocks (a row pass
+// is a strided loop with block or cluster reductions); greedy tokens uses one thread per
+// request.
 // Stochastic verification recomputes the residual distribution of a node from its rows and
 // the totals of the siblings rejected so far (at most kMaxVerifyChildren, kept in shared
 // memory), so a node whose j-th child is tried costs O(j * vocab) per pass.
