@@ -5,7 +5,7 @@ captured as one CUDA graph per call ("one graph") and as one graph per forward (
 whole engine.
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
-                                         [--kernels grouped_attention,...] [--dry-run] [--smoke-cpu]
+                                         [--kernels FIELD=VALUE,...] [--dry-run] [--smoke-cpu]
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
@@ -15,8 +15,9 @@ LLM per (mode, layers) generates the same requests after a warm-up run (which al
 graphs). layers: "fused" (the default on CUDA: nine kernels per decoder layer, specd.ops layer
 ops) or "torch" (about forty torch kernels per layer, LLM(fused_layers=False)); with
 --torch-layers the graph modes run both, else every mode runs the default only. --kernels:
-the specd.KernelChoice of both models (e.g. grouped_attention: the split, head-grouped
-attention kernel in every kernel-attention forward; recorded in the JSON's meta).
+the specd.KernelChoice of both models (e.g. grouped_attention=true: the split, head-grouped
+attention kernel in every kernel-attention forward; default KernelChoice(); recorded in the
+JSON's meta).
 
 Per row (printed as soon as measured; bench_draft_loop.json rewritten after every row):
   draft ms/fwd   the engine's timer: draft time / draft forwards (forward 0, the catch-up,
@@ -351,6 +352,22 @@ def print_row(r: dict) -> None:
              if "same_as_plain_with_kernel_attention" in r else ""), flush=True)
 
 
+def parse_kernels(text: str) -> dict:
+    """--kernels "FIELD[=VALUE],..." -> KernelChoice keyword arguments (ValueError if unknown)."""
+    from specd.models.kernel_choice import KernelChoice
+
+    values = {"true": True, "false": False, "auto": "auto"}
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if name not in KernelChoice.__dataclass_fields__:
+            raise ValueError(f"unknown field {name!r} (KernelChoice has {list(KernelChoice.__dataclass_fields__)})")
+        if value.lower() not in values and value:
+            raise ValueError(f"{name}={value}: the value must be true, false or auto")
+        out[name] = values[value.lower()] if value else True
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
@@ -361,8 +378,9 @@ def main(argv=None) -> int:
     ap.add_argument("--torch-layers", action="store_true",
                     help="also run the graph modes with torch layers (about forty kernels per layer)")
     ap.add_argument("--kernels", default="",
-                    help="comma-separated specd.KernelChoice fields to turn on for both models "
-                         "(grouped_attention, cluster_rows); default: the H100-validated kernels")
+                    help="comma-separated specd.KernelChoice settings for both models, FIELD=VALUE "
+                         "(true, false or, for grouped_attention, auto; a bare FIELD means true), e.g. "
+                         "grouped_attention=false,cluster_rows=false; default: KernelChoice()")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
@@ -370,11 +388,10 @@ def main(argv=None) -> int:
     import specd.ops as ops
     from specd.models.kernel_choice import KernelChoice
 
-    fields = [f for f in args.kernels.split(",") if f]
-    unknown = [f for f in fields if f not in KernelChoice.__dataclass_fields__]
-    if unknown:
-        ap.error(f"--kernels: unknown fields {unknown} (KernelChoice has {list(KernelChoice.__dataclass_fields__)})")
-    kernels = KernelChoice(**{f: True for f in fields})
+    try:
+        kernels = KernelChoice(**parse_kernels(args.kernels))
+    except ValueError as e:
+        ap.error(f"--kernels: {e}")
     from specd.engine import model_runner
     from specd.engine.draft_graph import DraftGraphRunner
 

@@ -25,7 +25,7 @@ costs per request, drafting request, draft token and draft forward, written as
 --gpu-profile` charges by each simulated step's shape. Per run, the mean overhead per step is
 kept too ("step_overhead_ms_by_run").
 
-Writes gpu_forward_profile.json (gpu_forward_profile_grouped.json with --attention-kernel grouped): {"meta", "models": {"target": [points], "draft": [points]},
+Writes gpu_forward_profile.json (gpu_forward_profile_per_head.json / _grouped.json with --attention-kernel per_head / grouped): {"meta", "models": {"target": [points], "draft": [points]},
 "step_overhead_ms", "host_ms", "step_overhead_ms_by_run"} with points {"batch", "query",
 "tokens", "context", "ms"}.
 """
@@ -190,14 +190,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "bench-results")
     ap.add_argument("--context", type=int, default=256, help="cached tokens per sequence at decode/verify points")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--attention-kernel", choices=("per_head", "grouped"), default="per_head",
-                    help="the CUDA tree-attention kernel of every forward (KernelChoice.grouped_attention)")
+    ap.add_argument("--attention-kernel", choices=("auto", "per_head", "grouped"), default="auto",
+                    help="the CUDA tree-attention kernel of every forward (KernelChoice.grouped_attention: "
+                         "auto = the engine's default, by query tokens per forward)")
     ap.add_argument("--dry-run", action="store_true", help="check imports and print the plan (no GPU needed)")
     args = ap.parse_args(argv)
     import specd.ops as ops
     from specd.models.kernel_choice import KernelChoice
 
-    out_name = "gpu_forward_profile.json" if args.attention_kernel == "per_head" else "gpu_forward_profile_grouped.json"
+    out_name = ("gpu_forward_profile.json" if args.attention_kernel == "auto"
+                else f"gpu_forward_profile_{args.attention_kernel}.json")
     plan = (f"plan: target and draft, batch {DECODE_BATCHES} x query {QUERIES} at context {args.context}, prefill "
             f"{PREFILL} and {' and '.join(f'{b} x {n}' for b, n in MULTI_PREFILL)}; {args.reps} replays per point; {args.attention_kernel} attention kernel; JSON -> {os.path.join(args.out, out_name)}")
     print(plan, flush=True)
@@ -211,7 +213,8 @@ def main(argv=None) -> int:
     target_cfg, draft_cfg = configs()
     target, draft = random_model(target_cfg, "cuda", torch.bfloat16), random_model(draft_cfg, "cuda", torch.bfloat16)
     assert target.uses_fused() and draft.uses_fused()
-    target.kernels = draft.kernels = KernelChoice(grouped_attention=args.attention_kernel == "grouped")
+    grouped = {"auto": "auto", "per_head": False, "grouped": True}[args.attention_kernel]
+    target.kernels = draft.kernels = KernelChoice(grouped_attention=grouped)
     result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": "bfloat16",
                        "layers": "fused", "attention": f"KernelAttention (specd tree_attention, {args.attention_kernel})",
                        "timing": f"CUDA graph replay, median of {args.reps}", "context": args.context,

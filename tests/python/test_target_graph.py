@@ -266,11 +266,13 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
     assert seen["cluster"] and all(seen["cluster"])
     assert seen["verify"] and all(seen["verify"])  # the target's verification of sampled requests
     default = make_llm(target, draft, "draft", target_graph=True)
-    assert default.target.kernels == specd.KernelChoice() and not default.target_graph.backend.grouped
+    assert default.target.kernels == specd.KernelChoice() and default.target_graph.backend.grouped == "auto"
     with pytest.raises(errors.InvalidArgumentError, match="kernels must be a specd.KernelChoice"):
         specd.LLM(target, kernels="grouped")
-    with pytest.raises(errors.InvalidArgumentError, match="must be a bool"):
+    with pytest.raises(errors.InvalidArgumentError, match="must be a bool or 'auto'"):
         specd.KernelChoice(grouped_attention="yes")
+    with pytest.raises(errors.InvalidArgumentError, match="cluster_rows must be a bool"):
+        specd.KernelChoice(cluster_rows="auto")
 
 
 def test_graph_runners_default_on_cuda_only():
@@ -317,7 +319,7 @@ def test_gpu_runners_are_on_by_default(pair, cuda):
 def test_gpu_kernel_choice_keeps_outputs(pair, cuda):
     """The split, head-grouped attention kernel and clustered draft sampling through both
     runners (captured graphs): speculative greedy outputs equal plain decoding through the
-    same kernels, and seeded sampled outputs equal those of the default kernels."""
+    same kernels, and seeded sampled outputs equal those of one block per row."""
     target, draft, prompts, _ = pair
     both = specd.KernelChoice(grouped_attention=True, cluster_rows=True)
     params = greedy_params(len(prompts))
@@ -328,9 +330,10 @@ def test_gpu_kernel_choice_keeps_outputs(pair, cuda):
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
     sampled = [SamplingParams(temperature=0.8, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True, seed=i)
                for i in range(len(prompts))]
-    default = make_llm(target, draft, "draft", device="cuda", kernels=specd.KernelChoice(grouped_attention=True))
+    one_block = make_llm(target, draft, "draft", device="cuda",
+                         kernels=specd.KernelChoice(grouped_attention=True, cluster_rows=False))
     assert ([o.token_ids for o in llm.generate(prompts, sampled)]
-            == [o.token_ids for o in default.generate(prompts, sampled)])
+            == [o.token_ids for o in one_block.generate(prompts, sampled)])
 
 
 @pytest.mark.parametrize("spec", ["ngram-tree", "draft"])

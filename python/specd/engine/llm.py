@@ -96,10 +96,11 @@ class LLM:
         each K/V row once per group and spreads one long request over the GPU;
         cuda/tree_attention_grouped.h); ``cluster_rows``: the sampling and stochastic
         verification kernels (the draft's sampled rows, the target's verification of sampled
-        requests) with a thread-block cluster per row (sm_90+). Both opt-in, not
-        yet validated on a GPU; same rules, equal to float rounding; no effect on the CPU (the
-        float32 references). None (default): each model's own ``kernels`` (LlamaModel
-        default ``KernelChoice()``: the H100-validated kernels).
+        requests) with a thread-block cluster per row (sm_90+). Defaults from the H100
+        measurements: grouped attention for forwards of >= 512 query tokens ("auto"),
+        clusters on. Same rules, equal to float rounding; no effect on the CPU (the float32
+        references). None (default): each model's own ``kernels`` (LlamaModel default
+        ``KernelChoice()``).
     """
 
     def __init__(self, target: Union[str, os.PathLike, LoadedModel], draft=None,

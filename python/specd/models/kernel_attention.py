@@ -14,13 +14,13 @@ kernel, so padding rows cost nothing and write nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from specd.errors import InvalidArgumentError
 from specd.models.attention import LayerKV
-from specd.models.kernel_choice import kernels_of
+from specd.models.kernel_choice import grouped_for, kernels_of
 
 
 @dataclass
@@ -37,18 +37,19 @@ class DeviceAttentionMetadata:
 
 def kernel_attention_for(model) -> "KernelAttention":
     """The KernelAttention a model's kernel-attention forwards use: its KernelChoice's
-    ``grouped_attention`` (models/kernel_choice.py; other model objects: the per-head kernel)."""
+    ``grouped_attention`` (models/kernel_choice.py; other model objects: the default "auto")."""
     return KernelAttention(grouped=kernels_of(model).grouped_attention)
 
 
 class KernelAttention:
     """Attention through ``torch.ops.specd.kv_write`` and ``torch.ops.specd.tree_attention``
     (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the
-    kernel (validated on an H100: docs/benchmarks.md). ``grouped=True`` takes the split,
-    head-grouped kernel on CUDA instead (``specd.ops.tree_attention``; not yet validated on a
-    GPU)."""
+    kernel (validated on an H100: docs/benchmarks.md). ``grouped``: on CUDA, True takes the
+    split, head-grouped kernel (``specd.ops.tree_attention``), False the per-head kernel, and
+    "auto" (default) chooses by the forward's query tokens (``kernel_choice.grouped_for``: a
+    CUDA graph captures one choice per bucket)."""
 
-    def __init__(self, scale: Optional[float] = None, grouped: bool = False):
+    def __init__(self, scale: Optional[float] = None, grouped: Union[bool, str] = "auto"):
         import specd.ops  # noqa: F401  (registers torch.ops.specd)
 
         self.scale = scale
@@ -66,4 +67,5 @@ class KernelAttention:
         """The attention of q ``[T, H, D]`` over caches that already hold the new tokens' K/V
         (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
-                                              meta.kv_lens, meta.tree_mask, self.scale, self.grouped)
+                                              meta.kv_lens, meta.tree_mask, self.scale,
+                                              grouped_for(self.grouped, q.shape[0]))

@@ -1,18 +1,22 @@
 """KernelChoice: which variant of specd's CUDA kernels a model's kernel paths take, where a
-kernel has more than one (docs/cuda.md). The defaults are the variants validated and timed on
-an H100; the others are opt-in until a GPU run validates and times them.
+kernel has more than one (docs/cuda.md). The defaults follow what the H100 measured
+(docs/benchmarks.md, "Fifth GPU session"); both variants of each kernel are validated there.
 
 - ``grouped_attention``: the tree attention of the kernel-attention forwards (both graph
-  runners, eager kernel-attention forwards) runs the split, head-grouped kernel
+  runners, eager kernel-attention forwards) by the split, head-grouped kernel
   (``cuda/tree_attention_grouped.h``: a block per query token, GQA group and KV split,
   partial softmax states merged) instead of one block per query token and head. Same rule,
-  equal to float rounding.
+  equal to float rounding. ``"auto"`` (default): the grouped kernel for forwards of at least
+  ``GROUPED_ATTENTION_MIN_TOKENS`` query tokens (prefill chunks, wide verify batches), where
+  the H100 measured it 1.1-2x faster over a whole forward; the per-head kernel below that,
+  where it was up to 1.2x faster. ``True`` / ``False``: always / never.
 - ``cluster_rows``: the row kernels run with a thread-block cluster of 8 blocks per row
-  (sm_90+; ``RowSplit::kCluster``, cuda/row_split.h) instead of one block per row: as a
-  draft model, its sampled rows (the draft graph and the plain draft loop); as a target,
-  the sampled requests' verification (their sampling_probs rows and verify_stochastic, a
-  cluster per request). Same rules and keys; sums fold in another fixed order (docs/cuda.md,
-  the CPU equality caveat).
+  (sm_90+; ``RowSplit::kCluster``, cuda/row_split.h; one block per row on older GPUs)
+  instead of one block per row: as a draft model, its sampled rows (the draft graph and the
+  plain draft loop); as a target, the sampled requests' verification (their sampling_probs
+  rows and verify_stochastic, a cluster per request). Same rules and keys; sums fold in
+  another fixed order (docs/cuda.md, the CPU equality caveat). Default on: 1.2-2.8x faster
+  for sampled rows and 3x for stochastic verification on the H100.
 
 Neither has any effect on the CPU, where the ops run their float32 references.
 """
@@ -20,19 +24,35 @@ Neither has any effect on the CPU, where the ops run their float32 references.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
 
 from specd.errors import InvalidArgumentError
+
+# Query tokens per forward from which "auto" takes the grouped attention kernel (H100,
+# random-weight models of the Qwen2.5-Coder pair's shapes, context 256: the grouped kernel
+# won every forward of >= 512 tokens, 1.09-1.97x, and lost 0.82-0.98x on most below 64).
+GROUPED_ATTENTION_MIN_TOKENS = 512
 
 
 @dataclass(frozen=True)
 class KernelChoice:
-    grouped_attention: bool = False
-    cluster_rows: bool = False
+    grouped_attention: Union[bool, str] = "auto"
+    cluster_rows: bool = True
 
     def __post_init__(self):
-        for name in ("grouped_attention", "cluster_rows"):
-            if not isinstance(getattr(self, name), bool):
-                raise InvalidArgumentError(f"KernelChoice.{name} must be a bool, got {getattr(self, name)!r}")
+        if not (isinstance(self.grouped_attention, bool) or self.grouped_attention == "auto"):
+            raise InvalidArgumentError(
+                f"KernelChoice.grouped_attention must be a bool or 'auto', got {self.grouped_attention!r}")
+        if not isinstance(self.cluster_rows, bool):
+            raise InvalidArgumentError(f"KernelChoice.cluster_rows must be a bool, got {self.cluster_rows!r}")
+
+
+def grouped_for(grouped_attention: Union[bool, str], tokens: int) -> bool:
+    """Whether a forward of ``tokens`` query tokens takes the grouped attention kernel under a
+    KernelChoice.grouped_attention setting (True, False or "auto")."""
+    if grouped_attention == "auto":
+        return tokens >= GROUPED_ATTENTION_MIN_TOKENS
+    return bool(grouped_attention)
 
 
 def kernels_of(model) -> KernelChoice:
