@@ -134,6 +134,40 @@ TEST(Sampling, InverseCdfDraw) {
 namespace specd::testing {
 namespace {
 
+// exp_nonpositive before its integer-only rounding and exponent (2026-11-27): rint, a
+// float-to-integer conversion and a double product. The kernels' weights must not change.
+double exp_nonpositive_with_rint(double x) {
+  if (!(x >= detail::kExpCutoff)) return 0.0;
+  const double n = std::rint(detail::exact_mul(x, detail::kLog2E));
+  const float r = static_cast<float>(detail::exact_sub(x, detail::exact_mul(n, detail::kLn2Hi)));
+  float p = 1.0f / 5040.0f;
+  for (const float c : {1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = detail::exact_addf(detail::exact_mulf(p, r), c);
+  const uint64_t two_to_n = static_cast<uint64_t>(static_cast<int64_t>(n) + 1023) << 52;
+  return detail::exact_mul(static_cast<double>(p), detail::double_from_bits(two_to_n));
+}
+
+TEST(Sampling, SoftmaxExponentialKeepsItsBits) {
+  const auto same = [](double x) {
+    const double got = detail::exp_nonpositive(x), want = exp_nonpositive_with_rint(x);
+    ASSERT_EQ(detail::double_bits(got), detail::double_bits(want)) << "x = " << x << ": " << got << " vs " << want;
+  };
+  for (int64_t i = 0; i <= 3000000; ++i) same(-700.0 * static_cast<double>(i) / 3000000.0);
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> anywhere(-700.0, 0.0), small(-1.0, 0.0);
+  for (int i = 0; i < 2000000; ++i) same(anywhere(gen));
+  for (int i = 0; i < 500000; ++i) same(small(gen) * std::pow(10.0, -static_cast<double>(i % 300)));
+  // Where x log2 e is a half-integer, rounding ties to even decides n.
+  for (int64_t k = -1010; k <= 0; ++k) {
+    const double tie = (static_cast<double>(k) - 0.5) / detail::kLog2E;
+    for (double x = tie, step = 0; step < 8; ++step) {
+      same(x);
+      x = std::nextafter(x, step < 4 ? 0.0 : -1000.0);
+    }
+  }
+  for (const double x : {0.0, -0.0, -700.0, -699.9999999999999, std::nextafter(0.0, -1.0)}) same(x);
+}
+
 // The softmax weight's exponential (detail/sampling_rules.h): close to exp over its whole
 // range, 1 at 0, 0 below the cutoff and for -inf, never above 1, and monotone.
 TEST(Sampling, SoftmaxExponentialIsCloseToExp) {

@@ -35,6 +35,16 @@ SPECD_HOST_DEVICE inline double double_from_bits(uint64_t u) {
 #endif
 }
 
+SPECD_HOST_DEVICE inline uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+
 SPECD_HOST_DEVICE inline float float_from_bits(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);

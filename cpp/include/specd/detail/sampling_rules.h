@@ -39,36 +39,44 @@ SPECD_HOST_DEVICE inline bool is_bad_logit(float x) { return x != x || x > FLT_M
 // with -ffp-contract=off (CMakeLists.txt), and x86-64 and aarch64 evaluate float and double
 // in their own precision.
 #if defined(__CUDA_ARCH__)
+SPECD_HOST_DEVICE inline double exact_add(double a, double b) { return __dadd_rn(a, b); }
 SPECD_HOST_DEVICE inline double exact_sub(double a, double b) { return __dsub_rn(a, b); }
 SPECD_HOST_DEVICE inline double exact_mul(double a, double b) { return __dmul_rn(a, b); }
 SPECD_HOST_DEVICE inline float exact_mulf(float a, float b) { return __fmul_rn(a, b); }
 SPECD_HOST_DEVICE inline float exact_addf(float a, float b) { return __fadd_rn(a, b); }
-SPECD_HOST_DEVICE inline double round_to_integer(double x) { return rint(x); }
 #else
+SPECD_HOST_DEVICE inline double exact_add(double a, double b) { return a + b; }
 SPECD_HOST_DEVICE inline double exact_sub(double a, double b) { return a - b; }
 SPECD_HOST_DEVICE inline double exact_mul(double a, double b) { return a * b; }
 SPECD_HOST_DEVICE inline float exact_mulf(float a, float b) { return a * b; }
 SPECD_HOST_DEVICE inline float exact_addf(float a, float b) { return a + b; }
-SPECD_HOST_DEVICE inline double round_to_integer(double x) { return std::rint(x); }
 #endif
 
-// exp(x) for x <= 0, the same bits on the host and the device, with one double-precision
-// multiply-add's worth of work in double and the rest in float (the device's double units
-// are what bounded the sampling kernels):
+// exp(x) for x <= 0, the same bits on the host and the device, with a few double-precision
+// operations, the polynomial in float and no conversion it can avoid (on the device the
+// double units, and their conversions most, are what bound the sampling kernels' passes):
 // - x < kExpCutoff (e^-700, about 1e-304; -inf included) gives 0;
-// - n = round_to_integer(x log2 e); r = x - n ln2_hi, exactly: ln2_hi is ln 2 to 40 bits, so n ln2_hi
-//   (|n| <= 1010) is exact and r has the error of ln2_hi alone, under 1e-9 relative in
-//   the result;
+// - n = x log2 e rounded to the nearest integer (ties to even, as rint), by adding and
+//   subtracting kRoundShift: the sum's unit in the last place is 1, so adding rounds, and its
+//   low bits hold n (read as an integer, no float-to-integer conversion);
+// - r = x - n ln2_hi, exactly: ln2_hi is ln 2 to 40 bits, so n ln2_hi (|n| <= 1010) is exact
+//   and r has the error of ln2_hi alone, under 1e-9 relative in the result;
 // - e^r for |r| <= 0.35 by its Taylor polynomial of degree 7 in float (Horner, truncation
 //   under 6e-9, then float rounding: over [-700, 0] the result is within 1.1e-7 of e^x,
 //   relative, measured on a sweep of 7 million points; tests/cpp/test_sampling.cc);
-// - times 2^n, exactly, in double.
+// - times 2^n, exactly: the polynomial is a normal float in [0.7, 1.42], so the product is
+//   the double with its mantissa and its exponent plus n (always normal: n >= -1010),
+//   assembled from the bits. The same values as rint and a double product
+//   (test_sampling.cc checks it bit for bit against that form).
 inline constexpr double kExpCutoff = -700.0;
 inline constexpr double kLog2E = 1.4426950408889634;
 inline constexpr double kLn2Hi = 0x1.62e42fefa2p-1;  // ln 2 to 40 bits (below it by 7.4e-13): n * it is exact
+inline constexpr double kRoundShift = 6755399441055744.0;  // 1.5 * 2^52: ulp 1 for sums within 2^51 of it
 SPECD_HOST_DEVICE inline double exp_nonpositive(double x) {
   if (!(x >= kExpCutoff)) return 0.0;
-  const double n = round_to_integer(exact_mul(x, kLog2E));
+  const double shifted = exact_add(exact_mul(x, kLog2E), kRoundShift);
+  const double n = exact_sub(shifted, kRoundShift);
+  const int64_t n_int = static_cast<int64_t>(double_bits(shifted) - double_bits(kRoundShift));
   const float r = static_cast<float>(exact_sub(x, exact_mul(n, kLn2Hi)));
   float p = 1.0f / 5040.0f;
   p = exact_addf(exact_mulf(p, r), 1.0f / 720.0f);
@@ -78,9 +86,9 @@ SPECD_HOST_DEVICE inline double exp_nonpositive(double x) {
   p = exact_addf(exact_mulf(p, r), 0.5f);
   p = exact_addf(exact_mulf(p, r), 1.0f);
   p = exact_addf(exact_mulf(p, r), 1.0f);
-  // 2^n as a double's bits (n in [-1010, 0]: a normal number), then an exact product.
-  const int64_t biased = static_cast<int64_t>(n) + 1023;
-  return exact_mul(static_cast<double>(p), double_from_bits(static_cast<uint64_t>(biased) << 52));
+  const uint32_t p_bits = float_bits(p);
+  const int64_t exponent = static_cast<int64_t>((p_bits >> 23) & 0xFFu) - 127 + n_int + 1023;
+  return double_from_bits((static_cast<uint64_t>(exponent) << 52) | (static_cast<uint64_t>(p_bits & 0x7FFFFFu) << 29));
 }
 
 // 1 / temperature, the factor softmax_weight takes (temperature > 0).
