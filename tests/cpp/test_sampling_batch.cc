@@ -100,14 +100,17 @@ TEST(SamplingBatchHelpers, DrawIsTheInverseCdf) {
   detail::SerialBlock block;
   const std::vector<double> w{0.0, 0.25, 0.0, 0.5, 0.25};
   for (double u : {0.0, 0.2499, 0.25, 0.7499, 0.75, 0.9999999}) {
-    const int32_t got = detail::draw_inverse_cdf(block, 5, [&](int32_t i) { return w[static_cast<std::size_t>(i)]; }, u);
+    const int32_t got =
+        detail::draw_inverse_cdf<detail::kDrawRun>(block, 5, [&](int32_t i) { return w[static_cast<std::size_t>(i)]; }, u);
     EXPECT_EQ(got, sample_from_weights(w, 1.0, u)) << u;
   }
-  EXPECT_EQ(detail::draw_inverse_cdf(block, 5, [&](int32_t i) { return w[static_cast<std::size_t>(i)]; }, 2.0), 4);
-  EXPECT_EQ(detail::draw_inverse_cdf(block, 3, [](int32_t) { return 0.0; }, 0.5), -1);
+  EXPECT_EQ(detail::draw_inverse_cdf<detail::kDrawRun>(block, 5, [&](int32_t i) { return w[static_cast<std::size_t>(i)]; }, 2.0),
+            4);
+  EXPECT_EQ(detail::draw_inverse_cdf<detail::kTileRun>(block, 3, [](int32_t) { return 0.0; }, 0.5), -1);
 }
 
-// The tiled walks (draw_inverse_cdf, nth_flagged_id) over many tiles with 1 to 8 threads:
+// The tiled walks (draw_inverse_cdf with both runs, nth_flagged_id) over many tiles with 1
+// to 8 threads:
 // weights are multiples of 2^-10 with small sums, so every summation order is exact and the
 // results must be those of the sequential rules (first crossing, else last positive; nth id).
 TEST(SamplingBatchHelpers, TiledWalksMatchTheSequentialRules) {
@@ -135,19 +138,23 @@ TEST(SamplingBatchHelpers, TiledWalksMatchTheSequentialRules) {
     const auto weight = [&](int32_t i) { return w[static_cast<std::size_t>(i)]; };
     const auto flag = [&](int32_t i) { return w[static_cast<std::size_t>(i)] > 0; };
     detail::SerialBlock serial;
-    EXPECT_EQ(detail::draw_inverse_cdf(serial, n, weight, target), want_draw) << "trial " << trial;
+    EXPECT_EQ(detail::draw_inverse_cdf<detail::kDrawRun>(serial, n, weight, target), want_draw) << "trial " << trial;
+    EXPECT_EQ(detail::draw_inverse_cdf<detail::kTileRun>(serial, n, weight, target), want_draw) << "trial " << trial;
     EXPECT_EQ(detail::nth_flagged_id(serial, n, flag, nth), want_nth) << "trial " << trial;
     for (int32_t threads : {2, 3, 8}) {
-      int32_t got_draw = -9, got_nth = -9;
+      int32_t got_draw = -9, got_short_draw = -9, got_nth = -9;
       run_threaded(threads, [&](ThreadedBlock& b) {
-        const int32_t d = detail::draw_inverse_cdf(b, n, weight, target);
+        const int32_t d = detail::draw_inverse_cdf<detail::kDrawRun>(b, n, weight, target);
+        const int32_t s = detail::draw_inverse_cdf<detail::kTileRun>(b, n, weight, target);
         const int32_t k = detail::nth_flagged_id(b, n, flag, nth);
         if (b.rank() == 0) {
           got_draw = d;
+          got_short_draw = s;
           got_nth = k;
         }
       });
       EXPECT_EQ(got_draw, want_draw) << "trial " << trial << ", " << threads << " threads";
+      EXPECT_EQ(got_short_draw, want_draw) << "trial " << trial << ", " << threads << " threads, runs of kTileRun";
       EXPECT_EQ(got_nth, want_nth) << "trial " << trial << ", " << threads << " threads";
     }
   }

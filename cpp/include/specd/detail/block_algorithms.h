@@ -218,23 +218,28 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const ItemFn& item
   return radix_select(b, n, [](int32_t i) { return i; }, [&](int32_t i, int32_t) { return item(i); }, crit);
 }
 
-// Ids per thread and tile of draw_inverse_cdf: longer runs than kTileRun, since each tile of
-// the draw costs three block-wide collectives (a scan, an any, then a min or a max; cluster
-// barriers in a ClusterBlock): 152k ids take 10 tiles of 512 x 32 instead of 38 of 512 x 8.
-// With one thread (SerialBlock) the draw is the same for any run; with more, the run sets
-// the order in which the GPU's running sums are added (deterministic, as before).
+// Ids per thread and tile of the sampling kernels' draw_inverse_cdf: longer runs than
+// kTileRun, since each tile of the draw costs three block-wide collectives (a scan, an any,
+// then a min or a max; cluster barriers in a ClusterBlock): 152k ids take 10 tiles of
+// 512 x 32 instead of 38 of 512 x 8. The run is draw_inverse_cdf's template argument: with
+// one thread (SerialBlock) the draw is the same for any run; with more, the run sets the
+// order in which the GPU's running sums are added (deterministic either way). Measured on an
+// H100 (docs/benchmarks.md, fifth GPU session): clustered draft sampling 1.14x faster with
+// it; stochastic verification kept kTileRun (its clustered kernel was 0.89x with 32, which
+// took 128 registers and so fewer resident blocks).
 inline constexpr int32_t kDrawRun = 32;
 
 // Inverse-CDF draw over weights w(i) >= 0, i in [0, n): the first i with w(i) > 0 whose
 // running sum exceeds `target`, else the last i with w(i) > 0 (-1 if none): the rule of
-// sample_from_weights. Tiled as kTileRun says, with runs of kDrawRun ids: in each tile,
+// sample_from_weights. Tiled as kTileRun says, with runs of kDrawRun ids (the template
+// argument: detail::kDrawRun or kTileRun): in each tile,
 // thread t's running sum starts at carried + (exclusive block scan of the threads' run
 // sums) and adds its run's positive weights in id order; `carried` of the next tile is the
 // last thread's final running sum.
 // The walk stops after the first tile where some running sum exceeds `target`, so each
 // weight is computed once, and only up to that tile. With one thread the running sum is
 // exactly the sequential one (carried + 0, then one weight at a time).
-template <class Block, class Weight>
+template <int32_t kDrawRun, class Block, class Weight>
 SPECD_HOST_DEVICE int32_t draw_inverse_cdf(Block& b, int32_t n, const Weight& weight, double target) {
   const int64_t tile = int64_t{b.size()} * kDrawRun;
   double carried = 0;  // running sum before this tile (uniform)

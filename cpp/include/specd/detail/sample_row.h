@@ -179,7 +179,7 @@ SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, co
   const double total = b.sum(local);
   const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
   const auto normalized = [&](int32_t i) { return exact_mul(float_prob(i, load(i)), inv_float_total); };
-  *token = draw_inverse_cdf(b, vocab, normalized, u * total);
+  *token = draw_inverse_cdf<kDrawRun>(b, vocab, normalized, u * total);
   return SampleStatus::kOk;
 }
 

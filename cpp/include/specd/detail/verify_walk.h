@@ -318,7 +318,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
     });
     const double total = b.sum(local);
     const double u = philox_uniform(rng.seed, rng.request, rng.step, position, kFinalDraw);
-    emit.finish(b, draw_inverse_cdf(b, vocab, weight, u * total));
+    emit.finish(b, draw_inverse_cdf<kTileRun>(b, vocab, weight, u * total));  // kDrawRun's note
     return VerifyStatus::kOk;
   }
 }
