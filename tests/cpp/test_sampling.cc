@@ -168,6 +168,39 @@ TEST(Sampling, SoftmaxExponentialKeepsItsBits) {
   for (const double x : {0.0, -0.0, -700.0, -699.9999999999999, std::nextafter(0.0, -1.0)}) same(x);
 }
 
+// The exponent bounds the sampling passes skip exponentials by (sampling_rules.h): every
+// token's exponent lies within the bounds of its own probability, over rows of many scales
+// and temperatures, weights near the cutoff included (probabilities down to subnormals).
+TEST(Sampling, ExponentBoundsHoldEveryProbability) {
+  std::mt19937_64 gen(11);
+  int64_t checked = 0;
+  for (const double temperature : {0.05, 0.7, 1.0, 3.0}) {
+    for (const float scale : {0.1f, 2.0f, 30.0f, 400.0f}) {
+      std::normal_distribution<float> normal(0.0f, scale);
+      std::vector<float> logits(4000);
+      for (float& l : logits) l = normal(gen);
+      const float max_logit = *std::max_element(logits.begin(), logits.end());
+      const double inv_t = detail::inverse_temperature(temperature);
+      double total = 0;
+      for (float l : logits) total += detail::softmax_weight(l, max_logit, inv_t);
+      const double inv_total = 1.0 / total, log_total = std::log(total);
+      for (float l : logits) {
+        const double x = detail::softmax_exponent(l, max_logit, inv_t);
+        const double p = detail::exact_mul(detail::exp_nonpositive(x), inv_total);
+        if (!(p > 0)) continue;  // below the cutoff: not in any ranked set
+        ASSERT_GE(x, detail::exponent_floor(p, log_total)) << "p " << p << ", T " << temperature << ", scale " << scale;
+        ASSERT_LE(x, detail::exponent_ceiling(p, log_total)) << "p " << p << ", T " << temperature << ", scale " << scale;
+        // And not loose: within the margin plus the exponential's error of ln(p) + ln(total).
+        ASSERT_NEAR(x, std::log(p) + log_total, 3e-7) << "p " << p;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 20000);
+  EXPECT_EQ(detail::exponent_floor(0.0, 1.0), -INFINITY);
+  EXPECT_EQ(detail::exponent_ceiling(1.0, 1.0), INFINITY);
+}
+
 // The softmax weight's exponential (detail/sampling_rules.h): close to exp over its whole
 // range, 1 at 0, 0 below the cutoff and for -inf, never above 1, and monotone.
 TEST(Sampling, SoftmaxExponentialIsCloseToExp) {

@@ -146,9 +146,16 @@ struct HasSelectCache<Block, decltype(void(std::declval<Block&>().cache_capacity
 // cache instead of the row. The cache holds exactly the elements that pass would histogram,
 // with the same keys and masses, and every later level keeps a subset of them by the same
 // prefix test, so the histograms (integer sums) and the cut are the same as without it.
-template <class Block, class Load, class ItemFn>
+//
+// `key_range_filter(key_lo, key_hi)` (called once per level after the first, by every
+// thread, and once for the tie pass) returns a test `may_match(i, load(i))` that may be false
+// only for an element that is not in the set or whose key is outside [key_lo, key_hi]: the
+// levels skip item() for those (item() may be costly: a softmax probability). The result is
+// the same with any such filter, since every element it skips is one the level would not
+// histogram.
+template <class Block, class Load, class ItemFn, class KeyRangeFilter>
 SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, const ItemFn& item,
-                                         SelectCriterion crit) {
+                                         SelectCriterion crit, const KeyRangeFilter& key_range_filter) {
   SelectCut cut{false, 0, -1, 0};
   SelectStats above{0, 0};  // stats of the elements ranked above every candidate left
   uint64_t prefix = 0;      // key bits fixed so far
@@ -169,7 +176,12 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, 
       }
     }
     if (!cached) {
+      // The candidates' keys: the prefix fixed so far, any lower bits.
+      const uint64_t free_bits = level == 0 ? ~uint64_t{0} : (uint64_t{1} << (shift + 8)) - 1;
+      const uint64_t key_lo = level == 0 ? 0 : prefix & ~free_bits;
+      const auto may_match = key_range_filter(key_lo, key_lo | free_bits);
       for_each_strided(b, n, load, [&](int32_t i, const auto& value) {
+        if (level > 0 && !may_match(i, value)) return;
         const SelectItem it = item(i, value);
         if (!it.in_set || !candidate(it.key)) return;
         b.hist_add(static_cast<int32_t>((it.key >> shift) & 0xFFu), it.mass);
@@ -204,12 +216,24 @@ SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, 
   const uint64_t needed = crit.ties_needed(above, b.hist_mass(chosen) / ties);
   cut.found = true;
   cut.key = prefix;
+  const auto may_match = key_range_filter(prefix, prefix);
   cut.id = needed >= ties ? INT32_MAX
                           : nth_flagged_id(b, n, [&](int32_t i) {
-                              const SelectItem it = item(i, load(i));
+                              const auto value = load(i);
+                              if (!may_match(i, value)) return false;
+                              const SelectItem it = item(i, value);
                               return it.in_set && it.key == prefix;
                             }, needed);
   return cut;
+}
+
+// Without a filter (every element's item computed at every level).
+template <class Block, class Load, class ItemFn>
+SPECD_HOST_DEVICE SelectCut radix_select(Block& b, int32_t n, const Load& load, const ItemFn& item,
+                                         SelectCriterion crit) {
+  return radix_select(b, n, load, item, crit, [](uint64_t, uint64_t) {
+    return [](int32_t, const auto&) { return true; };
+  });
 }
 
 // The same with item(i) doing its own reads.

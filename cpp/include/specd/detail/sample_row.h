@@ -39,6 +39,11 @@ struct RowPlan {
   double inv_temperature;  // inverse_temperature(params.temperature)
   double total;         // sum of softmax weights
   double inv_total;     // 1 / total: softmax probabilities are weight * inv_total
+  double log_total;     // natural_log(total), for exponent_floor / exponent_ceiling
+  // Exponents below it (softmax_exponent) belong to tokens a top-k or top-p cut drops
+  // (exponent_floor of the cut's probability): kept_prob gives them 0 without their
+  // exponential. -inf while no cut applies.
+  double keep_floor;
   bool top_k_on;        // top_k cut some tokens (then renormalized: times top_k_inv)
   uint64_t top_k_key;
   int32_t top_k_id;
@@ -79,16 +84,40 @@ SPECD_HOST_DEVICE inline double filtered_prob(const RowPlan& plan, int32_t i, do
   return q;
 }
 
+// filtered_prob(plan, i, softmax_prob(plan, logit)), without the exponential for a token
+// below the plan's keep_floor (a cut drops it: filtered_prob would give 0).
+SPECD_HOST_DEVICE inline double kept_prob(const RowPlan& plan, int32_t i, float logit) {
+  if (plan.keep_floor > -INFINITY &&
+      softmax_exponent(logit, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
+    return 0.0;
+  return filtered_prob(plan, i, softmax_prob(plan, logit));
+}
+
 // The final probability of token i (double; sampling_probs outputs it rounded to float).
 SPECD_HOST_DEVICE inline double row_prob(const RowPlan& plan, int32_t i, float logit) {
   if (plan.greedy) return i == plan.argmax ? 1.0 : 0.0;
-  return filtered_prob(plan, i, softmax_prob(plan, logit));
+  return kept_prob(plan, i, logit);
+}
+
+// radix_select's key range filter for probability keys (double_bits(p)): a token may have
+// its key in [key_lo, key_hi] only if its exponent lies within the exponent bounds of those
+// probabilities (sampling_rules.h); the bounds are computed once per call.
+SPECD_HOST_DEVICE inline auto probability_key_filter(const RowPlan& plan) {
+  return [&plan](uint64_t key_lo, uint64_t key_hi) {
+    const double lo = exponent_floor(double_from_bits(key_lo), plan.log_total);
+    const double hi = exponent_ceiling(double_from_bits(key_hi), plan.log_total);
+    return [&plan, lo, hi](int32_t, float logit) {
+      const double x = softmax_exponent(logit, plan.max_logit, plan.inv_temperature);
+      return x >= lo && x <= hi;
+    };
+  };
 }
 
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
                                         RowPlan* plan) {
   *plan = RowPlan{};
+  plan->keep_floor = -INFINITY;
   if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
   // Validation and argmax in one pass (sampling_probs: NaN/+inf first, then all -inf).
   bool bad = false;
@@ -113,22 +142,30 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   plan->total = b.sum(total);
   plan->inv_total = 1.0 / plan->total;
   if (!has_filters(params)) return SampleStatus::kOk;
+  plan->log_total = natural_log(plan->total);
+  const auto key_filter = probability_key_filter(*plan);
 
   // The sum over the row of filtered_prob with the plan as it stands.
   const auto stage_total = [&]() {
     double s = 0;
-    for_each_strided(b, vocab, load, [&](int32_t i, float l) { s += filtered_prob(*plan, i, softmax_prob(*plan, l)); });
+    for_each_strided(b, vocab, load, [&](int32_t i, float l) { s += kept_prob(*plan, i, l); });
     return b.sum(s);
+  };
+  // A cut at probability key `key` drops every token below it.
+  const auto raise_floor = [&](uint64_t key) {
+    const double floor = exponent_floor(double_from_bits(key), plan->log_total);
+    plan->keep_floor = floor > plan->keep_floor ? floor : plan->keep_floor;
   };
   if (params.top_k > 0) {
     const SelectCut cut = radix_select(b, vocab, load, [&](int32_t, float l) {
       const double p = softmax_prob(*plan, l);
       return SelectItem{p > 0, double_bits(p), 0};
-    }, SelectCriterion{false, static_cast<uint64_t>(params.top_k)});
+    }, SelectCriterion{false, static_cast<uint64_t>(params.top_k)}, key_filter);
     if (static_cast<uint64_t>(params.top_k) < cut.set_count) {  // else sampling.cc keeps all, unrenormalized
       plan->top_k_on = true;
       plan->top_k_key = cut.key;
       plan->top_k_id = cut.id;
+      raise_floor(cut.key);
       plan->top_k_inv = 1.0;
       plan->top_k_inv = 1.0 / stage_total();
     }
@@ -140,18 +177,19 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
       const double kept = filtered_prob(*plan, i, p);
       const bool in_set = p > 0 && (!plan->top_k_on || ranks_at_or_above(double_bits(p), i, plan->top_k_key, plan->top_k_id));
       return SelectItem{in_set, double_bits(p), fixed_mass(kept)};
-    }, SelectCriterion{true, fixed_threshold(params.top_p)});
+    }, SelectCriterion{true, fixed_threshold(params.top_p)}, key_filter);
     plan->top_p_on = true;
     plan->top_p_cut = cut.found;
     plan->top_p_key = cut.key;
     plan->top_p_id = cut.id;
+    if (cut.found) raise_floor(cut.key);
     plan->top_p_inv = 1.0;
     plan->top_p_inv = 1.0 / stage_total();
   }
   if (params.min_p > 0) {
     double top = 0;  // the largest probability so far: that of the top-ranked token
     for_each_strided(b, vocab, load, [&](int32_t i, float l) {
-      const double q = filtered_prob(*plan, i, softmax_prob(*plan, l));
+      const double q = kept_prob(*plan, i, l);
       top = q > top ? q : top;
     });
     plan->min_p_floor = params.min_p * b.max(top);

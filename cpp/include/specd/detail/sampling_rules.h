@@ -94,13 +94,47 @@ SPECD_HOST_DEVICE inline double exp_nonpositive(double x) {
 // 1 / temperature, the factor softmax_weight takes (temperature > 0).
 SPECD_HOST_DEVICE inline double inverse_temperature(double temperature) { return 1.0 / temperature; }
 
-// Unnormalized softmax weight exp((logit - max_logit) / temperature), computed as
-// exp_nonpositive((logit - max_logit) * inv_temperature) (inv_temperature from
-// inverse_temperature): in [0, 1], 1 for the largest logit, 0 for -inf.
+// The exponent of a softmax weight: (logit - max_logit) * inv_temperature (inv_temperature
+// from inverse_temperature), <= 0; exactly 0 for the largest logit, even where
+// 1 / temperature overflows (a subnormal temperature); -inf for a -inf logit.
+SPECD_HOST_DEVICE inline double softmax_exponent(float logit, double max_logit, double inv_temperature) {
+  const double below = exact_sub(static_cast<double>(logit), max_logit);
+  return below == 0.0 ? 0.0 : exact_mul(below, inv_temperature);
+}
+
+// Unnormalized softmax weight exp((logit - max_logit) / temperature): the value of
+// exp_nonpositive(softmax_exponent(...)), with the largest logit weighing 1 without the
+// exponential; in [0, 1], 0 for -inf.
 SPECD_HOST_DEVICE inline double softmax_weight(float logit, double max_logit, double inv_temperature) {
   const double below = exact_sub(static_cast<double>(logit), max_logit);
-  // The largest logit weighs 1 even where 1 / temperature overflows (a subnormal temperature).
   return below == 0.0 ? 1.0 : exp_nonpositive(exact_mul(below, inv_temperature));
+}
+
+SPECD_HOST_DEVICE inline double natural_log(double x) {
+#if defined(__CUDA_ARCH__)
+  return log(x);
+#else
+  return std::log(x);
+#endif
+}
+
+// Bounds on the exponent x = softmax_exponent(...) of a token whose softmax probability
+// exact_mul(exp_nonpositive(x), 1 / total) lies in [p_lo, p_hi], for a row whose weights sum
+// to total (log_total = natural_log(total)): exp_nonpositive is within 2e-7 of e^x, relative
+// (test_sampling.cc), and the product and 1 / total round by 1e-16, so such an x lies within
+// 2.2e-7 of ln(p) + ln(total); the bounds leave kExponentMargin (45x that) on each side,
+// enough for any log's last-place error too. A token whose x falls outside them cannot have
+// its probability in the range, so the sampling passes skip its exponential (they still
+// decide every token that passes by its exact probability; only the skipping is approximate,
+// never the result).
+inline constexpr double kExponentMargin = 1e-5;
+// The least x a probability >= p can come from (-inf for p <= 0).
+SPECD_HOST_DEVICE inline double exponent_floor(double p, double log_total) {
+  return p > 0 ? natural_log(p) + log_total - kExponentMargin : -INFINITY;
+}
+// The largest x a probability <= p can come from (+inf for p >= 1: every x <= 0).
+SPECD_HOST_DEVICE inline double exponent_ceiling(double p, double log_total) {
+  return p < 1 ? natural_log(p) + log_total + kExponentMargin : INFINITY;
 }
 
 // The best (value, index) pair: larger value, then lower index (the argmax rule). Values
