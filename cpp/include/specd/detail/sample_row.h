@@ -40,9 +40,9 @@ struct RowPlan {
   double total;         // sum of softmax weights
   double inv_total;     // 1 / total: softmax probabilities are weight * inv_total
   double log_total;     // natural_log(total), for exponent_floor / exponent_ceiling
-  // Exponents below it (softmax_exponent) belong to tokens a top-k or top-p cut drops
-  // (exponent_floor of the cut's probability): kept_prob gives them 0 without their
-  // exponential. -inf while no cut applies.
+  // Exponents below it (softmax_exponent) belong to tokens a top-k, top-p or min-p cut
+  // drops (exponent_floor of the least probability the cut keeps): kept_prob gives them 0
+  // without their exponential. -inf while no cut applies.
   double keep_floor;
   bool top_k_on;        // top_k cut some tokens (then renormalized: times top_k_inv)
   uint64_t top_k_key;
@@ -151,9 +151,9 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
     for_each_strided(b, vocab, load, [&](int32_t i, float l) { s += kept_prob(*plan, i, l); });
     return b.sum(s);
   };
-  // A cut at probability key `key` drops every token below it.
-  const auto raise_floor = [&](uint64_t key) {
-    const double floor = exponent_floor(double_from_bits(key), plan->log_total);
+  // A cut that drops every token of softmax probability below p.
+  const auto raise_floor = [&](double p) {
+    const double floor = exponent_floor(p, plan->log_total);
     plan->keep_floor = floor > plan->keep_floor ? floor : plan->keep_floor;
   };
   if (params.top_k > 0) {
@@ -165,7 +165,7 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
       plan->top_k_on = true;
       plan->top_k_key = cut.key;
       plan->top_k_id = cut.id;
-      raise_floor(cut.key);
+      raise_floor(double_from_bits(cut.key));
       plan->top_k_inv = 1.0;
       plan->top_k_inv = 1.0 / stage_total();
     }
@@ -182,7 +182,7 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
     plan->top_p_cut = cut.found;
     plan->top_p_key = cut.key;
     plan->top_p_id = cut.id;
-    if (cut.found) raise_floor(cut.key);
+    if (cut.found) raise_floor(double_from_bits(cut.key));
     plan->top_p_inv = 1.0;
     plan->top_p_inv = 1.0 / stage_total();
   }
@@ -193,6 +193,13 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
       top = q > top ? q : top;
     });
     plan->min_p_floor = params.min_p * b.max(top);
+    // filtered_prob keeps q = p * top_k_inv * top_p_inv (those on, each product rounded) only
+    // when q >= min_p_floor, so only p >= min_p_floor / (their product), to a few ulps: far
+    // inside exponent_floor's margin.
+    double scale = 1.0;
+    if (plan->top_k_on) scale *= plan->top_k_inv;
+    if (plan->top_p_on) scale *= plan->top_p_inv;
+    raise_floor(plan->min_p_floor / scale);
     plan->min_p_on = true;
     plan->min_p_inv = 1.0;
     plan->min_p_inv = 1.0 / stage_total();
