@@ -28,6 +28,10 @@ def test_grouped_for_rule():
     n = GROUPED_ATTENTION_MIN_TOKENS
     assert [grouped_for("auto", t) for t in (1, n - 1, n, 4 * n)] == [False, False, True, True]
     assert all(grouped_for(True, t) for t in (1, n)) and not any(grouped_for(False, t) for t in (1, n))
+    # Below n: verify-like forwards of >= 64 tokens and >= 5 per sequence (batch x query).
+    assert [grouped_for("auto", b * q, b) for b, q in ((8, 9), (16, 5), (64, 5), (32, 9))] == [True] * 4
+    assert not any(grouped_for("auto", b * q, b) for b, q in ((8, 5), (4, 9), (64, 1), (64, 3), (32, 2), (1, 9)))
+    assert grouped_for("auto", 100, 0) is False  # sequences unknown: the token rule alone
 
 
 def _one_sequence(tokens: int, heads=2, kv_heads=1, dim=8, block=16):
@@ -56,11 +60,15 @@ def test_kernel_attention_passes_the_rule_per_forward(monkeypatch, setting):
     monkeypatch.setattr(torch.ops.specd, "tree_attention", attention, raising=False)
     backend = KernelAttention(grouped=setting)
     outs = []
-    for tokens in (3, GROUPED_ATTENTION_MIN_TOKENS):
+    for tokens in (3, 70, GROUPED_ATTENTION_MIN_TOKENS):
         q, k, v, cache, meta = _one_sequence(tokens)
         outs.append(backend.forward(q, k, v, cache, meta, None))
         assert outs[-1].shape == q.shape and torch.isfinite(outs[-1]).all()
-    assert seen == [grouped_for(setting, 3), grouped_for(setting, GROUPED_ATTENTION_MIN_TOKENS)]
+    # One sequence: 70 tokens is a prefill chunk of >= 5 per sequence and >= 64 tokens.
+    assert seen == [grouped_for(setting, 3, 1), grouped_for(setting, 70, 1),
+                    grouped_for(setting, GROUPED_ATTENTION_MIN_TOKENS, 1)]
+    if setting == "auto":
+        assert seen == [False, True, True]
 
 
 def test_kernel_attention_for_a_model_takes_its_choice():

@@ -46,8 +46,9 @@ class KernelAttention:
     (causal, or ``meta.tree_mask``). On CPU the op is the float32 reference; on CUDA the
     kernel (validated on an H100: docs/benchmarks.md). ``grouped``: on CUDA, True takes the
     split, head-grouped kernel (``specd.ops.tree_attention``), False the per-head kernel, and
-    "auto" (default) chooses by the forward's query tokens (``kernel_choice.grouped_for``: a
-    CUDA graph captures one choice per bucket)."""
+    "auto" (default) chooses by the forward's query tokens and sequences
+    (``kernel_choice.grouped_for``: both are shapes, so a CUDA graph captures one choice per
+    bucket)."""
 
     def __init__(self, scale: Optional[float] = None, grouped: Union[bool, str] = "auto"):
         import specd.ops  # noqa: F401  (registers torch.ops.specd)
@@ -68,4 +69,4 @@ class KernelAttention:
         (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
                                               meta.kv_lens, meta.tree_mask, self.scale,
-                                              grouped_for(self.grouped, q.shape[0]))
+                                              grouped_for(self.grouped, q.shape[0], meta.query_start.shape[0] - 1))

@@ -6,10 +6,13 @@ kernel has more than one (docs/cuda.md). The defaults follow what the H100 measu
   runners, eager kernel-attention forwards) by the split, head-grouped kernel
   (``cuda/tree_attention_grouped.h``: a block per query token, GQA group and KV split,
   partial softmax states merged) instead of one block per query token and head. Same rule,
-  equal to float rounding. ``"auto"`` (default): the grouped kernel for forwards of at least
-  ``GROUPED_ATTENTION_MIN_TOKENS`` query tokens (prefill chunks, wide verify batches), where
-  the H100 measured it 1.1-2x faster over a whole forward; the per-head kernel below that,
-  where it was up to 1.2x faster. ``True`` / ``False``: always / never.
+  equal to float rounding. ``"auto"`` (default, ``grouped_for``): the grouped kernel for
+  forwards of at least ``GROUPED_ATTENTION_MIN_TOKENS`` query tokens (prefill chunks, wide
+  verify batches), where the H100 measured it 1.1-2x faster over a whole forward, and for
+  forwards of at least ``GROUPED_ATTENTION_MIN_TREE_TOKENS`` tokens with
+  ``GROUPED_ATTENTION_MIN_QUERY`` or more per sequence on average (verify steps of k >= 4 at
+  batch >= 13, prefill chunks of 64-511 tokens: 1.00-1.11x there); the per-head kernel otherwise (small decode batches, where it was
+  up to 1.2x faster). ``True`` / ``False``: always / never.
 - ``cluster_rows``: the row kernels run with a thread-block cluster of 8 blocks per row
   (sm_90+; ``RowSplit::kCluster``, cuda/row_split.h; one block per row on older GPUs)
   instead of one block per row: as a draft model, its sampled rows (the draft graph and the
@@ -32,6 +35,11 @@ from specd.errors import InvalidArgumentError
 # random-weight models of the Qwen2.5-Coder pair's shapes, context 256: the grouped kernel
 # won every forward of >= 512 tokens, 1.09-1.97x, and lost 0.82-0.98x on most below 64).
 GROUPED_ATTENTION_MIN_TOKENS = 512
+# ... and below that, for forwards of >= 64 tokens averaging >= 5 per sequence (the same
+# profile: target 8 x 9, 16 x 5, 32 x 9, 64 x 5 tokens 1.04-1.08x, draft 16 x 5 to 64 x 5
+# 1.02-1.11x, 16 x 9 and 32 x 5 even; under 64 tokens the draft's 8 x 5 lost, 0.94x).
+GROUPED_ATTENTION_MIN_TREE_TOKENS = 64
+GROUPED_ATTENTION_MIN_QUERY = 5
 
 
 @dataclass(frozen=True)
@@ -47,11 +55,15 @@ class KernelChoice:
             raise InvalidArgumentError(f"KernelChoice.cluster_rows must be a bool, got {self.cluster_rows!r}")
 
 
-def grouped_for(grouped_attention: Union[bool, str], tokens: int) -> bool:
-    """Whether a forward of ``tokens`` query tokens takes the grouped attention kernel under a
-    KernelChoice.grouped_attention setting (True, False or "auto")."""
+def grouped_for(grouped_attention: Union[bool, str], tokens: int, sequences: int = 0) -> bool:
+    """Whether a forward of ``tokens`` query tokens over ``sequences`` sequences (0: not
+    known) takes the grouped attention kernel under a KernelChoice.grouped_attention setting
+    (True, False or "auto")."""
     if grouped_attention == "auto":
-        return tokens >= GROUPED_ATTENTION_MIN_TOKENS
+        if tokens >= GROUPED_ATTENTION_MIN_TOKENS:
+            return True
+        return (sequences > 0 and tokens >= GROUPED_ATTENTION_MIN_TREE_TOKENS
+                and tokens >= GROUPED_ATTENTION_MIN_QUERY * sequences)
     return bool(grouped_attention)
 
 
