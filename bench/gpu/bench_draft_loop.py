@@ -5,7 +5,13 @@ captured as one CUDA graph per call ("one graph") and as one graph per forward (
 whole engine.
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
-                                         [--kernels FIELD=VALUE,...] [--dry-run] [--smoke-cpu]
+                                         [--kernels FIELD=VALUE,...] [--tree-width W] [--dry-run]
+                                         [--smoke-cpu]
+
+--tree-width W (2..8): draft-model trees of width W instead of chains, in three modes: the host
+loop (draft_tree.run_draft_tree: a host read per forward), the tree runner eager and the tree
+runner captured (engine/draft_tree_graph.py: one read per call); the probes wrap
+run_draft_tree and the runner's launch (its call without the record's host read).
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
@@ -80,7 +86,10 @@ import torch
 
 MODES = ("eager loop", "graph runner, eager", "graph runner, one graph", "graph runner, CUDA graph",
          "draft + target graphs")
-GRAPH_MODES = (MODES[2], MODES[3], MODES[4])  # with --torch-layers: run with both layer kinds
+# --tree-width W > 1: draft-model trees, grown by the host loop (a host read per forward) or on
+# the device by the tree runner (engine/draft_tree_graph.py), eager or captured.
+TREE_MODES = ("tree host loop", "tree runner, eager", "tree runner, CUDA graph")
+GRAPH_MODES = (MODES[2], MODES[3], MODES[4], TREE_MODES[2])  # with --torch-layers: run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
 SLEEP_CYCLES = 10_000_000  # ~5 ms of GPU clock: longer than a draft call's host work
 
@@ -152,9 +161,13 @@ class DraftProbe:
         self.enabled, self.seen, self.samples = enabled, 0, []
 
     def __call__(self, model, pool, items, on_forward=None, graph=None):
+        return self._probe(items, lambda timed: self.real(model, pool, items, timed, graph), on_forward)
+
+    def _probe(self, items, call, on_forward):
+        """``call(on_forward)`` makes the draft call of ``items``."""
         if self.enabled and self.seen > 0 and len(self.samples) < PROBE_CALLS:
             forwards = max(it.k for it in items)
-            run = lambda: self.real(model, pool, items, None, graph)  # noqa: E731
+            run = lambda: call(None)  # noqa: E731
             if self.cuda:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -180,7 +193,7 @@ class DraftProbe:
             self.samples.append({"forwards": forwards, "batch": len(items), "wall_us": wall, "gpu_us": gpu,
                                  "device_us": device, "kernels": kernels})
         self.seen += 1
-        return self.real(model, pool, items, on_forward, graph)
+        return call(on_forward)
 
     def summary(self) -> dict:
         per = lambda key: [s[key] / s["forwards"] for s in self.samples if s[key] is not None]  # noqa: E731
@@ -199,6 +212,13 @@ class DraftProbe:
                 "device_gap_us_per_step": med(gaps), "kernels_per_forward": med(kernels)}
 
 
+class TreeProbe(DraftProbe):
+    """DraftProbe around draft_tree.run_draft_tree (the engine's draft-model tree calls)."""
+
+    def __call__(self, model, pool, items, width, on_forward=None, size=None, graph=None):
+        return self._probe(items, lambda timed: self.real(model, pool, items, width, timed, size, graph), on_forward)
+
+
 class RunnerProbe:
     """Wraps DraftGraphRunner.run: host microseconds of the calls made inside DraftProbe's
     wall-clock re-run (no engine timer, no synchronisation inside the call), per draft
@@ -215,9 +235,11 @@ class RunnerProbe:
     def reset(self, enabled: bool) -> None:
         self.enabled, self.samples = enabled, []
 
-    def install(self, cls) -> None:
-        """Wraps cls.run, cls._fill and torch.cuda.CUDAGraph.replay (this script only)."""
+    def install(self, cls, name: str = "run") -> None:
+        """Wraps the runner's call (cls.run; a tree runner's: cls.launch, its run without the
+        record's host read), cls._fill and torch.cuda.CUDAGraph.replay (this script only)."""
         probe = self
+        self.name = name
         self.real_fill, self.real_replay = cls._fill, torch.cuda.CUDAGraph.replay
 
         def run(runner, items, first_tokens=None, on_forward=None):
@@ -252,7 +274,8 @@ class RunnerProbe:
             probe.replay_us += (time.perf_counter() - t0) * 1e6
             probe.replays += 1
 
-        cls.run, cls._fill, torch.cuda.CUDAGraph.replay = run, fill, replay
+        setattr(cls, name, run)
+        cls._fill, torch.cuda.CUDAGraph.replay = fill, replay
 
     def device_us(self, forwards: int) -> Optional[float]:
         """Device microseconds of the last call timed with measure_device (synchronises), when
@@ -265,7 +288,8 @@ class RunnerProbe:
         return start.elapsed_time(end) * 1e3 if steps == forwards else None
 
     def uninstall(self, cls) -> None:
-        cls.run, cls._fill, torch.cuda.CUDAGraph.replay = self.real, self.real_fill, self.real_replay
+        setattr(cls, self.name, self.real)
+        cls._fill, torch.cuda.CUDAGraph.replay = self.real_fill, self.real_replay
 
     def summary(self) -> dict:
         """Per draft step: the runner's host time, and of it the input packing (_fill) and the
@@ -279,19 +303,27 @@ class RunnerProbe:
 
 
 def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe,
-             loop_probe: RunnerProbe):
+             loop_probe: RunnerProbe, tree_width: int = 1):
     import specd
     from specd.engine.draft_graph import DraftGraphRunner
 
-    spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=k)
+    tree = mode in TREE_MODES
+    spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=k,
+                                   draft_tree_width=tree_width if tree else 1)
     llm = specd.LLM.from_models(target, draft, spec, device=draft.device, max_num_seqs=batch, max_model_len=2048,
                                 num_kv_pages=4096 if draft.device.type == "cuda" else 256,
-                                draft_graph=mode != MODES[0], target_graph=mode == MODES[4],
+                                draft_graph=mode not in (MODES[0], TREE_MODES[0]), target_graph=mode == MODES[4],
                                 fused_layers=layers == "fused")
     if mode in (MODES[1], MODES[2]):  # the runner's loop without capture; one graph for the whole call
         old = llm.draft_graph
         llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, replace(
             old.config, capture=False if mode == MODES[1] else None, graph_per_forward=mode != MODES[2]))
+    if mode == TREE_MODES[1]:  # the tree runner without capture
+        from specd.engine.draft_tree_graph import DraftTreeGraphRunner
+
+        old = llm.draft_graph
+        llm.draft_graph = llm.engine.draft_graph = DraftTreeGraphRunner(
+            llm.draft, llm.pool, replace(old.config, capture=False), tree_width)
     params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     probe.reset(False)
     llm.generate(prompts[:batch], params)  # warm-up (and graph capture)
@@ -381,6 +413,9 @@ def main(argv=None) -> int:
                     help="comma-separated specd.KernelChoice settings for both models, FIELD=VALUE "
                          "(true, false or, for grouped_attention, auto; a bare FIELD means true), e.g. "
                          "grouped_attention=false,cluster_rows=false; default: KernelChoice()")
+    ap.add_argument("--tree-width", type=int, default=1,
+                    help="W > 1: time draft-model trees of width W (SpeculationConfig.draft_tree_width) in the "
+                         "tree modes instead of chains")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
@@ -397,7 +432,13 @@ def main(argv=None) -> int:
 
     sizes = [(1, 4), (8, 4)]
     max_tokens = 12 if args.quick or args.smoke_cpu else 24
-    modes = (MODES[0], MODES[1], MODES[4]) if args.smoke_cpu else MODES
+    tree_width = args.tree_width
+    if not 1 <= tree_width <= 8:
+        ap.error("--tree-width must be in [1, 8]")
+    if tree_width > 1:
+        modes = TREE_MODES[:2] if args.smoke_cpu else TREE_MODES
+    else:
+        modes = (MODES[0], MODES[1], MODES[4]) if args.smoke_cpu else MODES
     path = os.path.join(args.out, "bench_draft_loop.json")
     print(f"plan: draft loop, (batch, k) in {sizes}, {max_tokens} tokens, modes {list(modes)}, budget "
           f"{args.budget_s:.0f} s; JSON -> {path}", flush=True)
@@ -425,14 +466,25 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target_cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(16, 200, (max(b for b, _ in sizes),), generator=gen)]
-    loop_probe = RunnerProbe(DraftGraphRunner.run)
-    loop_probe.install(DraftGraphRunner)  # this script only
-    probe = DraftProbe(model_runner.run_draft, dev == "cuda", loop_probe)
-    model_runner.run_draft = probe  # the engine calls model_runner.run_draft: this script only
+    if tree_width > 1:  # the engine calls engine.run_draft_tree, the runner's launch: this script only
+        from specd.engine import engine as engine_module
+        from specd.engine.draft_tree_graph import DraftTreeGraphRunner
+
+        runner_cls, runner_call, calls_of = DraftTreeGraphRunner, "launch", engine_module
+        loop_probe = RunnerProbe(DraftTreeGraphRunner.launch)
+        probe = TreeProbe(engine_module.run_draft_tree, dev == "cuda", loop_probe)
+        engine_module.run_draft_tree = probe
+    else:  # the engine calls model_runner.run_draft: this script only
+        runner_cls, runner_call, calls_of = DraftGraphRunner, "run", model_runner
+        loop_probe = RunnerProbe(DraftGraphRunner.run)
+        probe = DraftProbe(model_runner.run_draft, dev == "cuda", loop_probe)
+        model_runner.run_draft = probe
+    loop_probe.install(runner_cls, runner_call)
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1),
-            "kernels": {f: getattr(kernels, f) for f in KernelChoice.__dataclass_fields__}}
+            "kernels": {f: getattr(kernels, f) for f in KernelChoice.__dataclass_fields__},
+            "tree_width": tree_width}
 
     def save() -> None:
         os.makedirs(args.out, exist_ok=True)
@@ -447,7 +499,8 @@ def main(argv=None) -> int:
         for batch, k in sizes:
             outputs = {}  # layers -> mode -> outputs
             # batch > 1: without the runner's eager mode, and the slow eager loop last, to fit the budget
-            order = modes if batch == 1 else [m for m in modes if m not in (MODES[0], MODES[1])] + [MODES[0]]
+            slow = (TREE_MODES[0], TREE_MODES[1]) if tree_width > 1 else (MODES[0], MODES[1])
+            order = modes if batch == 1 else [m for m in modes if m not in slow] + [slow[0]]
             cases = [(m, layers) for m in order
                      for layers in (("torch", "fused") if args.torch_layers and m in GRAPH_MODES else ("fused",))]
             for mode, layers in cases:
@@ -461,7 +514,7 @@ def main(argv=None) -> int:
                 same_layers = outputs.setdefault(layers, {})
                 try:
                     r, same_layers[mode] = run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens,
-                                                    probe, loop_probe)
+                                                    probe, loop_probe, tree_width)
                 except Exception as e:  # keep the other modes' numbers
                     failures.append(f"{mode} ({layers} layers) b={batch} k={k}: {type(e).__name__}: {e}")
                     print("FAILED", failures[-1], file=sys.stderr, flush=True)
@@ -475,8 +528,8 @@ def main(argv=None) -> int:
                 print_row(r)
                 save()
     finally:
-        model_runner.run_draft = probe.real
-        loop_probe.uninstall(DraftGraphRunner)
+        setattr(calls_of, "run_draft_tree" if tree_width > 1 else "run_draft", probe.real)
+        loop_probe.uninstall(runner_cls)
     for e in probe.errors[:3]:
         print("probe:", e, file=sys.stderr)
     print(f"done in {time.perf_counter() - start:.0f} s; {len(rows)} rows, {len(skipped)} skipped, "

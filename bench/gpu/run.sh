@@ -13,15 +13,20 @@
 #                      and without host sync, slot mapping / KV kernels on cuda, the statistical
 #                      losslessness tests on the GPU path (test_gpu_statistics.py), graphs captured up
 #                      front and the CLI on cuda (test_serving_setup.py), the engine's batched
-#                      sampled verification on cuda vs the CPU path (test_batch_verify.py)
+#                      sampled verification on cuda vs the CPU path (test_batch_verify.py), the
+#                      draft tree runner's graphs vs its eager code (test_draft_tree_graph.py)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
 #                      what is left of the run's TOTAL_S, at most 180 s, rows printed as measured)
+#   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
+#                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
+#                      eager and captured; JSON in $OUT/tree/
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
-# bench_kernels.json, bench_draft_loop.json, summary.txt; a short table is printed last.
+# bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage); a short table
+# is printed last.
 #
-# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench"]
+# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree"]
 #   --dry-run  print the plan and check the Python side imports (works without a GPU; the
 #              package from $PYTHONPATH when set, else python/ with an in-tree _core)
 #   --quick    fewer sizes / repetitions in the benchmarks
@@ -64,7 +69,7 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify}.py -k 'gpu or cuda'"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph}.py -k 'gpu or cuda'"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
@@ -131,7 +136,7 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py" \
     "$ROOT/tests/python/test_gpu_statistics.py" "$ROOT/tests/python/test_target_graph.py" \
     "$ROOT/tests/python/test_layer_ops.py" "$ROOT/tests/python/test_serving_setup.py" \
-    "$ROOT/tests/python/test_batch_verify.py"
+    "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 
@@ -148,6 +153,16 @@ if [[ " $STAGES " == *" bench "* ]]; then
   fi
   echo
   grep -v "^\[" "$OUT_DIR/bench.log" | tail -50
+fi
+
+if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop vs the tree runner
+  budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
+  if [ "$budget" -ge 30 ]; then
+    stage bench_draft_tree bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --quick \
+      --tree-width 4 --budget-s "$budget" --out "$OUT_DIR/tree"
+  else
+    note "[bench_draft_tree] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  fi
 fi
 
 echo

@@ -313,7 +313,7 @@ class DraftGraphRunner:
         raw[at + n * _ROW.size:at + batch * _ROW.size] = _IDLE_ROW * (batch - n)
         for i, it in enumerate(items):
             req = it.request
-            _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, *param_words(req.params),
+            _ROW.pack_into(raw, at + i * _ROW.size, req.length - 1, it.k, *self._param_words(req.params),
                            *key_words(req.rng_seed, req.rng_request))
         self.pool.blocks.block_table_into([it.request.id for it in items], f["table"], model=DRAFT, pad=-1)
         if w:
@@ -340,9 +340,22 @@ class DraftGraphRunner:
         for j in range(1, steps):
             self._forward(buf, j, sampling)
 
+    @staticmethod
+    def _param_words(params) -> tuple:
+        """The packed SamplingParams words of a request's rows (draft_sampling.param_words)."""
+        return param_words(params)
+
     def _head(self, buf: _Buffers, inp: _Inputs, sampling: bool) -> None:
         """The run's inputs into the bucket's buffers, then forward 0 when the inputs have a
         catch-up width (its samples into ``buf.tokens[0]``)."""
+        self._load(buf, inp)
+        if inp.width:
+            logits = self._catch_up(buf, inp)  # [B, vocab]
+            # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length).
+            self._sample(buf, 0, logits, sampling, buf.positions + 1)
+
+    def _load(self, buf, inp: _Inputs) -> None:
+        """The run's per-row fields and block tables into the bucket's buffers (on the device)."""
         d = inp.device
         rows = d["rows"]
         buf.table.copy_(d["table"])  # int64 -> int32, on the device
@@ -351,12 +364,14 @@ class DraftGraphRunner:
         buf.keys[:, :2].copy_(rows[:, _SEED:_KEY_WORD + 1])
         buf.positions.copy_(rows[:, _START])
         buf.num_steps.copy_(rows[:, _NUM_STEPS])  # int64 -> int32
-        if inp.width:
-            inp.kv_lens.copy_(d["kv_lens"])
-            meta = DeviceAttentionMetadata(d["positions"], d["slots"], buf.table, inp.query_start, inp.kv_lens)
-            logits = self.model(d["ids"], meta, self.kv, d["logits_index"], backend=self.backend)  # [B, vocab]
-            # The key of run_draft's eager forward 0: (seed, request, DRAFT_STREAM, req.length).
-            self._sample(buf, 0, logits, sampling, buf.positions + 1)
+
+    def _catch_up(self, buf, inp: _Inputs) -> torch.Tensor:
+        """Forward 0 over the inputs' padded catch-up rows: logits ``[B, vocab]`` of each
+        request's last real row."""
+        d = inp.device
+        inp.kv_lens.copy_(d["kv_lens"])
+        meta = DeviceAttentionMetadata(d["positions"], d["slots"], buf.table, inp.query_start, inp.kv_lens)
+        return self.model(d["ids"], meta, self.kv, d["logits_index"], backend=self.backend)
 
     def _forward(self, buf: _Buffers, j: int, sampling: bool) -> None:
         """Forward j >= 1: feeds forward j - 1's samples (``buf.tokens[j - 1]``), samples into
@@ -392,6 +407,10 @@ class DraftGraphRunner:
                                          lambda j=j: self._forward(buf, j, sampling), prime=True))
         return graphs
 
+    def _reset(self, buf: _Buffers) -> None:
+        """Before a capture: outputs a replay of inactive rows would read."""
+        buf.tokens.zero_()
+
     def _captured(self, key: tuple, inp: _Inputs, body: Callable[[], None],
                   prime: bool = False) -> torch.cuda.CUDAGraph:
         """The graph of ``key``, capturing ``body`` first if needed. ``inp`` is filled with no
@@ -403,7 +422,7 @@ class DraftGraphRunner:
             return graph
         buf = self._buffers[key[1]]
         self._fill(inp, [])
-        buf.tokens.zero_()
+        self._reset(buf)
         if prime:
             self._head(buf, inp, sampling=False)
         graph, self._mempool = capture_graph(body, self.device, self._mempool)

@@ -14,7 +14,7 @@ valid input id for the draft forwards that follow in the same call.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -40,11 +40,13 @@ def key_words(rng_seed: int, rng_request: int) -> tuple[int, int]:
     return signed64(rng_seed), (rng_request & _WORD) | (DRAFT_STREAM << 32)
 
 
-def pack_params(params: Sequence[SamplingParams], device: torch.device) -> torch.Tensor:
+def pack_params(params: Sequence[SamplingParams], device: torch.device,
+                words: Callable[[SamplingParams], tuple] = param_words) -> torch.Tensor:
     """Packed params int64 ``[m, 4]`` of m rows (``specd.ops.pack_sampling_params``'s layout), on
-    ``device``."""
-    floats = torch.tensor([[w[0], w[2], w[3]] for w in map(param_words, params)], dtype=torch.float64)
-    top_k = torch.tensor([int(p.top_k) for p in params], dtype=torch.int64)
+    ``device``; ``words``: a row's (temperature, top_k, top_p, min_p) (default param_words)."""
+    rows = [words(p) for p in params]
+    floats = torch.tensor([[w[0], w[2], w[3]] for w in rows], dtype=torch.float64)
+    top_k = torch.tensor([int(w[1]) for w in rows], dtype=torch.int64)
     return torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
                         floats[:, 2].view(torch.int64)], dim=1).to(device)
 

@@ -17,17 +17,23 @@ Per request, with width w and depth k:
   them by its per-depth acceptance shared by the draft's confidence; goodput_controller.h).
 
 "Probable" is the draft's distribution the request would sample from (temperature, top-k,
-top-p, min-p, by one specd::sampling_probs call per forward for the sampled rows; plain
-softmax for greedy requests), so candidates are deterministic: verify
+top-p, min-p; plain softmax, temperature 1, for greedy requests), by one
+specd::sampling_probs call per forward for all rows, so candidates are deterministic: verify
 them without draft rows (one-hot proposals), which is lossless for greedy and sampled
 requests alike. Only the catch-up's draft KV is kept; the accepted tokens are fed again as
 the next step's catch-up. The draft's greedy chain is marked in each tree: the policy's
 per-depth acceptance hears how far that chain was accepted (DraftTree.chain_result), so it
 stays the acceptance of the chain that a width of 1 would propose.
 
-The tree loop reads each forward's candidates on the host (one sync per forward), and is not
-run by the CUDA-graph draft runner, which captures chains. On CUDA its forwards attend with the
-tree-attention kernel, the tree masks as the kernel's tree_mask rows (model_runner.forward).
+This host loop reads each forward's candidates on the host (one sync per forward). On CUDA
+its forwards attend with the tree-attention kernel, the tree masks as the kernel's tree_mask
+rows (model_runner.forward). With a DraftTreeGraphRunner (draft_tree_graph.py; LLM's
+``draft_graph=True``) the same growth runs on the device, graph-capturable, with one host read
+per call; _Growth.replay rebuilds the builder from its record, so the trees are the host loop's.
+Candidates are ranked by ``tree_children`` in both.
+
+A request whose candidates all have probability 0 at some depth (e.g. NaN logits) stops
+growing there; its tree keeps what it has (the root alone when it happens at forward 0).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import numpy as np
 import torch
 
 from specd._core import DraftTreeBuilder
-from specd.engine.draft_sampling import pack_params
+from specd.engine.draft_sampling import pack_params, param_words
 from specd.engine.model_runner import Segment, catch_up_segment, forward, segment_keys
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.kv_cache import KVCachePool
@@ -49,29 +55,34 @@ from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
 
+def tree_param_words(p) -> tuple[float, int, float, float]:
+    """The packed SamplingParams words whose distribution ranks a request's tree candidates:
+    its sampling rules, or for a greedy request the plain softmax (temperature 1, no cut)."""
+    return (1.0, 0, 1.0, 0.0) if p.greedy else param_words(p)
+
+
+def tree_children(logits: torch.Tensor, params: torch.Tensor, width: int,
+                  cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``width`` most probable next tokens of each logits row ``[rows, vocab]`` under its
+    packed params ``[rows, 4]`` (tree_param_words; one ``specd::sampling_probs`` call, so a
+    row the rules refuse, e.g. NaN logits, is zeros: no candidates) and their probabilities,
+    best first: int64 and float32 ``[rows, min(width, vocab)]``, on the device (no host read;
+    probability 0 marks no candidate). ``cluster``: that call's thread-block cluster per row.
+    The host loop and the draft tree graph runner both rank candidates with it."""
+    probs, _ = sampling_probs(logits.float(), params, cluster)
+    top = torch.topk(probs, min(width, logits.shape[-1]), dim=-1)
+    return top.indices, top.values
+
+
 def _children(logits: torch.Tensor, owners: list[WorkItem], width: int,
               cluster: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """The `width` most probable next tokens of each row of a forward's logits ``[rows, vocab]``
-    (row r belongs to ``owners[r]``) and their probabilities, read to the host in one copy:
-    int32 and float32 ``[rows, width]`` (probability 0 marks no candidate). The distributions:
-    greedy requests' rows by one float64 softmax, sampled requests' rows by one
-    ``specd::sampling_probs`` call (their sampling rules; a row the rules refuse, e.g. NaN
-    logits, is zeros: no candidates); ``cluster``: that call's thread-block cluster per row."""
-    device = logits.device
-    rows = torch.zeros(logits.shape, dtype=torch.float64, device=device)
-    greedy = [r for r, it in enumerate(owners) if it.request.params.greedy]
-    sampled = [r for r, it in enumerate(owners) if not it.request.params.greedy]
-    if greedy:
-        index = torch.tensor(greedy, dtype=torch.int64, device=device)
-        rows[index] = torch.softmax(logits.index_select(0, index).double(), dim=-1)
-    if sampled:
-        index = torch.tensor(sampled, dtype=torch.int64, device=device)
-        params = pack_params([owners[r].request.params for r in sampled], device)
-        probs, _ = sampling_probs(logits.index_select(0, index).float(), params, cluster)
-        rows[index] = probs.double()
-    top = torch.topk(rows, min(width, logits.shape[-1]), dim=-1)
-    packed = torch.cat([top.indices.double(), top.values], dim=-1).cpu().numpy()  # the forward's one host read
-    return packed[:, :top.indices.shape[-1]].astype(np.int32), packed[:, top.indices.shape[-1]:].astype(np.float32)
+    """tree_children of a forward's logits ``[rows, vocab]`` (row r belongs to ``owners[r]``),
+    read to the host in one copy: int32 and float32 ``[rows, width]``."""
+    params = pack_params([it.request.params for it in owners], logits.device, tree_param_words)
+    tokens, probs = tree_children(logits, params, width, cluster)
+    packed = torch.cat([tokens.double(), probs.double()], dim=-1).cpu().numpy()  # the forward's one host read
+    w = tokens.shape[-1]
+    return packed[:, :w].astype(np.int32), packed[:, w:].astype(np.float32)
 
 
 class _Growth:
@@ -93,7 +104,7 @@ class _Growth:
         tokens, probs = tokens[keep], probs[keep]
         first = len(self.builder)
         self.builder.expand(node, tokens, probs)
-        if node == self.chain:
+        if node == self.chain and len(tokens):
             self.chain = first  # its most probable child (top-w comes sorted)
             self.on_chain.add(first)
         for child, token in zip(range(first, len(self.builder)), tokens.tolist()):
@@ -101,12 +112,21 @@ class _Growth:
             self.depth[child] = self.depth[node] + 1
             self.token[child] = token
 
-    def segment(self) -> tuple[Segment, int]:
-        """The next forward's segment (every fed node plus the new frontier) and how many
-        frontier nodes it adds (their logits are its last rows)."""
+    def next_frontier(self, depth: int) -> list[int]:
+        """The nodes forward ``depth`` feeds: the ``width`` most probable candidates at that
+        depth (DraftTreeBuilder.frontier), the draft's greedy chain forced in as the last one
+        when it is not among them. Empty when no candidate reached that depth (every
+        candidate of the forward before had probability 0): the tree stops growing."""
         frontier = [int(n) for n in self.builder.frontier(self.width)]
-        if self.chain not in frontier:  # the draft's greedy path is always grown (rules above)
+        if not frontier or self.depth[frontier[0]] != depth:
+            return []
+        if self.chain not in frontier and self.depth[self.chain] == depth:  # always grown (rules above)
             frontier[-1] = self.chain
+        return frontier
+
+    def segment(self, frontier: list[int]) -> tuple[Segment, int]:
+        """The next forward's segment (every fed node plus the new ``frontier``) and how many
+        frontier nodes it adds (their logits are its last rows)."""
         self.fed.extend(frontier)
         req, item = self.item.request, self.item
         index = {node: i for i, node in enumerate(self.fed)}
@@ -123,6 +143,31 @@ class _Growth:
         seg = Segment(req.id, torch.tensor(tokens, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
                       slots, req.length + n, mask, key_positions=keys, logits_from=n - len(frontier))
         return seg, len(frontier)
+
+    def replay(self, record: np.ndarray) -> None:
+        """Grows the tree from a draft tree graph runner's record of this request, float64
+        ``[k, 2 w w + w]`` (draft_tree_graph.py: per forward j, the candidates of the nodes it
+        fed, ``[w, w]`` tokens then probabilities, row 0 the root's; then ``[w]`` the nodes
+        forward j fed, as flat indices into forward j - 1's candidates, -1 none): the same
+        expansions in the same order as the host loop, so the same builder nodes."""
+        w = self.width
+        ww = w * w
+        tokens = record[:, :ww].astype(np.int32).reshape(-1, w, w)
+        probs = record[:, ww:2 * ww].astype(np.float32).reshape(-1, w, w)
+        selected = record[:, 2 * ww:].astype(np.int64)
+        first = len(self.builder)
+        self.expand(0, tokens[0, 0], probs[0, 0])
+        ids = {r: first + r for r in range(len(self.builder) - first)}  # candidate -> builder node
+        for j in range(1, self.item.k):
+            frontier = [ids[int(c)] for c in selected[j] if c >= 0]
+            if not frontier:
+                break
+            self.fed.extend(frontier)
+            ids = {}
+            for f, node in enumerate(frontier):
+                first = len(self.builder)
+                self.expand(node, tokens[j, f], probs[j, f])
+                ids.update({f * w + r: first + r for r in range(len(self.builder) - first)})
 
 
 @dataclass
@@ -150,33 +195,56 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
                    on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
                    size: Optional[Callable[[list[WorkItem], list[np.ndarray], list[np.ndarray]],
                                            list[tuple[list[int], float]]]] = None,
-                   ) -> list[DraftTree]:
+                   graph=None) -> list[DraftTree]:
     """The draft trees of ``items`` (each k > 0), in item order (rules above).
     ``size(items, path_probs, parents)``, when given (the policy's size_trees), gets every
     grown node's path probability and parent (-1: the root) and returns per tree the nodes
     to verify, parents first, and their predicted accepted drafts; otherwise the item.nodes
     nodes of highest path probability are verified. ``on_forward(tokens, run, keys)``, when
-    given, wraps each forward (the engine times them; keys: model_runner.segment_keys)."""
-    grow = [_Growth(it, width, model.window is not None) for it in items]
+    given, wraps each forward (the engine times them; keys: model_runner.segment_keys).
 
+    ``graph``: a DraftTreeGraphRunner (engine/draft_tree_graph.py) that grows the trees on the
+    device over fixed-shape buffers (CUDA graph replays on GPUs, one host read per call); the
+    engine passes its runner when ``LLM(..., draft_graph=...)`` is on. Batches it does not
+    accept (another model, pool or width; k or batch size past its buffers) grow here, with
+    one host read per forward."""
     def run(segments: list[Segment]) -> torch.Tensor:
         tokens = sum(len(seg.input_ids) for seg in segments)
         call = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         return on_forward(tokens, call, segment_keys(segments)) if on_forward is not None else call()
 
+    if (graph is not None and graph.model is model and graph.pool is pool and graph.width == width
+            and graph.accepts(items)):
+        first = None
+        if graph.catch_up_width(items) is None:  # a catch-up wider than its buffers: forward 0 here
+            first = run([catch_up_segment(it) for it in items])
+        record = graph.run(items, first, on_forward)  # [k, n, record]: the call's one host read
+        grow = [_Growth(it, width, False) for it in items]
+        for i, g in enumerate(grow):
+            g.replay(record[:, i])
+        return _trees(grow, items, size)
+    grow = [_Growth(it, width, model.window is not None) for it in items]
     logits = run([catch_up_segment(it) for it in items])  # [n, vocab]: each root's next token
     cluster = kernels_of(model).cluster_rows
     tokens, probs = _children(logits, items, width, cluster)
     for i, g in enumerate(grow):
         g.expand(0, tokens[i], probs[i])
     for j in range(1, max(it.k for it in items)):
-        active = [g for g in grow if g.item.k > j]
-        planned = [g.segment() for g in active]
+        fronts = [(g, g.next_frontier(j)) for g in grow if g.item.k > j]
+        active = [g for g, front in fronts if front]
+        if not active:
+            break
+        planned = [g.segment(front) for g, front in fronts if front]
         logits = run([seg for seg, _ in planned])
         new = [(g, node) for g, (_, added) in zip(active, planned) for node in g.fed[len(g.fed) - added:]]
         tokens, probs = _children(logits, [g.item for g, _ in new], width, cluster)
         for r, (g, node) in enumerate(new):
             g.expand(node, tokens[r], probs[r])
+    return _trees(grow, items, size)
+
+
+def _trees(grow: list[_Growth], items: list[WorkItem], size) -> list[DraftTree]:
+    """The trees to verify from the grown builders (run_draft_tree's rules)."""
     if size is None:
         out = []
         for g, it in zip(grow, items):

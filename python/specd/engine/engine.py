@@ -220,7 +220,7 @@ class Engine:
                 if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
                     sizer = self._tree_sizer(items, group, prefix_tokens)
                     for it, drafted in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward,
-                                                                 sizer)):
+                                                                 sizer, graph=self.draft_graph)):
                         trees[it.request.id] = drafted.tree
                         self._draft_trees[it.request.id] = drafted
                         if sizer is not None and drafted.tree.num_drafts:  # the policy learns its calibration

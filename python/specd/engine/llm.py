@@ -76,6 +76,9 @@ class LLM:
         fixed-shape loop over device buffers (custom-op attention; CUDA graphs per batch-size
         bucket on a GPU; see specd.engine.draft_graph). None (default): on when the draft
         model is on a CUDA device and the runner supports it (validated on an H100), else off.
+        With draft-model trees (draft_tree_width > 1) it grows the trees on the device
+        (specd.engine.draft_tree_graph: one host read per draft call instead of one per
+        forward); not yet run on a GPU, so None leaves it off for trees.
     target_graph: run steps without a prefill chunk (every request verifying its root and
         drafts, padded to one query length; plain decoding steps are 1-row verifies) as one
         fixed-shape target forward over device buffers (custom-op tree attention; a CUDA graph
@@ -196,8 +199,11 @@ class LLM:
         self._timer = timer
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, self._scheduler_config,
                              timer=timer)
+        # Draft-model trees grown on the device (draft_tree_graph.py) are not validated on a GPU
+        # yet: on only when asked for.
+        tree_auto_off = draft_graph is None and speculation.draft_tree_width > 1
         self.draft_graph = (self._make_draft_graph(speculation, max_num_seqs)
-                            if _graph_wanted(draft_graph, self.draft, timer) else None)
+                            if _graph_wanted(draft_graph, self.draft, timer) and not tree_auto_off else None)
         self.target_graph = (self._make_target_graph(speculation, max_num_seqs, max_num_batched_tokens)
                              if _graph_wanted(target_graph, self.target, timer) else None)
         self.seed = seed
@@ -248,16 +254,22 @@ class LLM:
         return {"graphs": count, "seconds": time.perf_counter() - start}
 
     def _make_draft_graph(self, speculation: SpeculationConfig, max_num_seqs: int):
-        """The DraftGraphRunner of the draft model, handed to the engine (which passes it to run_draft)."""
+        """The DraftGraphRunner of the draft model (a DraftTreeGraphRunner for draft-model trees),
+        handed to the engine (which passes it to run_draft or run_draft_tree)."""
         from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner, power_of_two_buckets
 
         if self.draft is None:
             raise InvalidArgumentError("draft_graph=True needs a draft model (speculation method 'draft')")
         on_gpu = self.draft.device.type == "cuda"
         width = self.pool.blocks.pages_for_tokens(self.max_model_len + speculation.k + 1, model=DRAFT)
-        runner = DraftGraphRunner(self.draft, self.pool, DraftGraphConfig(
-            max_steps=max(speculation.k, 1), max_blocks=width,
-            buckets=power_of_two_buckets(max_num_seqs) if on_gpu else ()))
+        config = DraftGraphConfig(max_steps=max(speculation.k, 1), max_blocks=width,
+                                  buckets=power_of_two_buckets(max_num_seqs) if on_gpu else ())
+        if speculation.draft_tree_width > 1:  # draft-model trees grown on the device
+            from specd.engine.draft_tree_graph import DraftTreeGraphRunner
+
+            runner = DraftTreeGraphRunner(self.draft, self.pool, config, speculation.draft_tree_width)
+        else:
+            runner = DraftGraphRunner(self.draft, self.pool, config)
         self.engine.draft_graph = runner
         return runner
 
