@@ -157,6 +157,28 @@ def test_padded_buckets_short_frontiers_and_empty_trees(pair, monkeypatch):
     assert any(o.metrics.accepted_tokens > 0 for i, o in enumerate(outs) if i % 4 != 3)
 
 
+def test_goodput_sized_trees_through_the_runner(pair, monkeypatch):
+    """The goodput policy picks the depth of each step's trees and sizes the grown
+    trees from their path probabilities: through the runner it gets the host loop's nodes (the
+    check above), and greedy outputs equal plain decoding."""
+    from specd.engine.timer import GPUProfile, SyntheticTimer
+
+    target, draft, prompts, baseline = pair
+    spec = specd.SpeculationConfig(method="draft", num_speculative_tokens="auto", max_speculative_tokens=5,
+                                   draft_tree_width=2)
+    memory_bound = GPUProfile(target_base=0.020, target_knee=256, target_per_token=0.0002, draft_base=0.002,
+                              draft_knee=256, draft_per_token=0.00002, step_overhead=0.0005)
+    llm = specd.LLM(target, draft, spec, draft_graph=True, timer=SyntheticTimer(memory_bound))
+    assert isinstance(llm.draft_graph, DraftTreeGraphRunner)
+    calls = []
+    checked_run_draft_tree(monkeypatch, calls)
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True))
+    assert [o.token_ids for o in outs] == baseline
+    assert any(c.used for c in calls)
+    assert len({k for c in calls for k in c.ks}) > 1  # the policy chose different depths
+    assert sum(o.metrics.accepted_tokens for o in outs) > 0
+
+
 def test_tree_graph_option_errors(pair):
     target, draft, _, _ = pair
     llm = tree_llm(target, draft, 3, 2, draft_graph=True)
