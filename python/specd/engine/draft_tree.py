@@ -92,25 +92,31 @@ class _Growth:
         self.item, self.width, self.windowed = item, width, windowed
         self.builder = DraftTreeBuilder(item.request.tokens[-1])
         self.fed: list[int] = []    # builder nodes fed to the draft, in slot order
-        self.parent: dict[int, int] = {}
-        self.depth: dict[int, int] = {0: 0}
-        self.token: dict[int, int] = {0: item.request.tokens[-1]}
+        # Per builder node (ids are 0, 1, 2, ... in the order added): parent (-1: the root's),
+        # depth and token.
+        self.parent: list[int] = [-1]
+        self.depth: list[int] = [0]
+        self.token: list[int] = [item.request.tokens[-1]]
         self.chain = 0  # the deepest node of the draft's greedy path (most probable child each time)
         self.on_chain = {0}  # every node of that path
 
     def expand(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
         """Adds the candidates (one row of _children) of an unexpanded node."""
         keep = probs > 0
-        tokens, probs = tokens[keep], probs[keep]
+        self._add(node, tokens[keep], probs[keep])
+
+    def _add(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
+        """Adds the children ``tokens`` (int32, best first) with probabilities ``probs`` (float32,
+        all > 0) of an unexpanded node."""
         first = len(self.builder)
         self.builder.expand(node, tokens, probs)
-        if node == self.chain and len(tokens):
+        n = len(tokens)
+        if node == self.chain and n:
             self.chain = first  # its most probable child (top-w comes sorted)
             self.on_chain.add(first)
-        for child, token in zip(range(first, len(self.builder)), tokens.tolist()):
-            self.parent[child] = node
-            self.depth[child] = self.depth[node] + 1
-            self.token[child] = token
+        self.parent.extend([node] * n)
+        self.depth.extend([self.depth[node] + 1] * n)
+        self.token.extend(tokens.tolist())
 
     def next_frontier(self, depth: int) -> list[int]:
         """The nodes forward ``depth`` feeds: the ``width`` most probable candidates at that
@@ -154,20 +160,20 @@ class _Growth:
         ww = w * w
         tokens = record[:, :ww].astype(np.int32).reshape(-1, w, w)
         probs = record[:, ww:2 * ww].astype(np.float32).reshape(-1, w, w)
-        selected = record[:, 2 * ww:].astype(np.int64)
-        first = len(self.builder)
-        self.expand(0, tokens[0, 0], probs[0, 0])
-        ids = {r: first + r for r in range(len(self.builder) - first)}  # candidate -> builder node
+        counts = np.count_nonzero(probs > 0, axis=-1).tolist()  # [k][w]: valid candidates come first
+        selected = record[:, 2 * ww:].astype(np.int64).tolist()
+        firsts = [len(self.builder)]  # builder node of each fed node's first candidate
+        self._add(0, tokens[0, 0, :counts[0][0]], probs[0, 0, :counts[0][0]])
         for j in range(1, self.item.k):
-            frontier = [ids[int(c)] for c in selected[j] if c >= 0]
+            frontier = [firsts[c // w] + c % w for c in selected[j] if c >= 0]
             if not frontier:
                 break
             self.fed.extend(frontier)
-            ids = {}
+            firsts = []
             for f, node in enumerate(frontier):
-                first = len(self.builder)
-                self.expand(node, tokens[j, f], probs[j, f])
-                ids.update({f * w + r: first + r for r in range(len(self.builder) - first)})
+                firsts.append(len(self.builder))
+                c = counts[j][f]
+                self._add(node, tokens[j, f, :c], probs[j, f, :c])
 
 
 @dataclass
@@ -254,7 +260,7 @@ def _trees(grow: list[_Growth], items: list[WorkItem], size) -> list[DraftTree]:
         return out
     # Grown draft nodes are builder nodes 1..n-1; the root (0) is the parent -1.
     probs = [np.array([g.builder.path_prob(v) for v in range(1, len(g.builder))]) for g in grow]
-    parents = [np.array([g.parent[v] - 1 for v in range(1, len(g.builder))], dtype=np.int32) for g in grow]
+    parents = [np.array(g.parent[1:], dtype=np.int32) - 1 for g in grow]
     out = []
     for g, it, (nodes, predicted) in zip(grow, items, size(items, probs, parents)):
         tree, index = TokenTree(g.token[0]), {0: 0}
