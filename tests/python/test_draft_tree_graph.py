@@ -17,24 +17,12 @@ import torch
 import specd
 from specd import errors
 from specd.engine import draft_tree, engine as engine_module
-from specd.engine.draft_graph import DraftGraphConfig, DraftGraphRunner
+from specd.engine.draft_graph import DraftGraphRunner
 from specd.engine.draft_tree_graph import DraftTreeGraphRunner
 from specd.engine.params import SamplingParams
 from specd.engine.scheduler import DRAFT
-from test_engine import prompts_of_mixed_lengths, self_draft
 
-MAX_TOKENS = 14
-
-
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def pair(request, tmp_path_factory, tiny_llama_dir, tiny_qwen2_dir):
-    target = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}[request.param]
-    draft = self_draft(target, tmp_path_factory.mktemp(f"tree_graph_draft_{request.param}"))
-    plain = specd.LLM(target)
-    prompts = prompts_of_mixed_lengths(plain.tokenizer)
-    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    baseline = [o.token_ids for o in plain.generate(prompts, greedy)]
-    return target, draft, prompts, baseline
+from test_draft_graph import MAX_TOKENS, cuda, pair  # noqa: F401  (fixtures: the tiny pairs, a CUDA device)
 
 
 def tree_llm(target, draft, k=4, width=2, nodes=None, **kw):
@@ -193,17 +181,6 @@ def test_tree_graph_option_errors(pair):
 
 
 # ---- GPU ----
-
-
-@pytest.fixture
-def cuda():
-    import specd.ops as ops
-
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    if not ops.HAS_CUDA_KERNELS:
-        pytest.skip("specd built without CUDA kernels")
-    return torch.device("cuda")
 
 
 def test_gpu_tree_graph_replay_equals_eager_runner_without_host_sync(pair, monkeypatch, cuda):

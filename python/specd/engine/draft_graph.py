@@ -238,13 +238,6 @@ class DraftGraphRunner:
             buf.tokens[0, :n].copy_(first_tokens)
             buf.tokens[0, n:].zero_()
 
-        def loop() -> None:
-            if graphs is not None:
-                for graph in graphs:
-                    graph.replay()
-            else:
-                self._body(buf, inp, steps, sampling)
-
         first = 0 if width else 1
         # Per forward: (tokens, keys attended; model_runner.segment_keys). Forward j >= 1 feeds
         # each item still drafting one token at position L - 1 + j.
@@ -254,14 +247,7 @@ class DraftGraphRunner:
             shapes[0] = (sum(it.request.length - it.request.computed[DRAFT] for it in items),
                          sum(causal_keys(it.request.computed[DRAFT], it.request.length - it.request.computed[DRAFT])
                              for it in items))
-        if on_forward is None:
-            loop()
-        elif shapes:
-            on_forward(shapes[0][0], loop, shapes[0][1])
-            for tokens, keys in shapes[1:]:
-                on_forward(tokens, lambda: None, keys)
-        else:
-            loop()
+        self._run_timed(lambda: self._loop(graphs, buf, inp, steps, sampling), shapes, on_forward)
         probs = buf.probs[first:steps, :n] if sampling else None
         return buf.tokens[first:steps, :n], probs
 
@@ -283,6 +269,26 @@ class DraftGraphRunner:
         return len(self._graphs) - before
 
     # ---- internals ----
+
+    def _loop(self, graphs: Optional[list], buf, inp: _Inputs, steps: int, sampling: bool) -> None:
+        """The call's device work: the graphs replayed in order, or the eager body."""
+        if graphs is not None:
+            for graph in graphs:
+                graph.replay()
+        else:
+            self._body(buf, inp, steps, sampling)
+
+    @staticmethod
+    def _run_timed(loop: Callable[[], None], shapes: list, on_forward) -> None:
+        """Runs ``loop`` once. With ``on_forward``, reports the call's forwards ``shapes``
+        ((tokens, keys) each) through it: the first report runs the whole loop (a graph replay
+        cannot be split), the others run nothing."""
+        if on_forward is None or not shapes:
+            loop()
+            return
+        on_forward(shapes[0][0], loop, shapes[0][1])
+        for tokens, keys in shapes[1:]:
+            on_forward(tokens, lambda: None, keys)
 
     def _buffers_for(self, batch: int, sampling: bool) -> _Buffers:
         buf = self._buffers.get(batch)

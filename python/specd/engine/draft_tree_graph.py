@@ -154,13 +154,6 @@ class DraftTreeGraphRunner(DraftGraphRunner):
             buf.root_logits[:n].copy_(first_logits)
             buf.root_logits[n:].zero_()
 
-        def loop() -> None:
-            if graphs is not None:
-                for graph in graphs:
-                    graph.replay()
-            else:
-                self._body(buf, inp, steps, False)
-
         w = self.width
         # Per forward: (tokens fed, keys attended), counting a request's j w rows in forward j.
         shapes = [(sum(j * w for it in items if it.k > j), sum(causal_keys(it.request.length, j * w)
@@ -170,12 +163,7 @@ class DraftTreeGraphRunner(DraftGraphRunner):
             shapes.insert(0, (sum(it.request.length - it.request.computed[DRAFT] for it in items),
                               sum(causal_keys(it.request.computed[DRAFT], it.request.length - it.request.computed[DRAFT])
                                   for it in items)))
-        if on_forward is None or not shapes:
-            loop()
-        else:
-            on_forward(shapes[0][0], loop, shapes[0][1])
-            for tokens, keys in shapes[1:]:
-                on_forward(tokens, lambda: None, keys)
+        self._run_timed(lambda: self._loop(graphs, buf, inp, steps, False), shapes, on_forward)
         return buf.record[:steps, :n]
 
     def capture_all(self, sampling_modes: Sequence[bool] = (False,)) -> int:
