@@ -49,12 +49,16 @@ Status check_contents(const TreeAttentionParams& p) {
     const int32_t q_len = p.query_start[r + 1] - p.query_start[r];
     if (q_len < 0)
       return error_status(StatusCode::kInvalidArgument, "tree_attention: query_start decreases at request ", r);
-    if (p.kv_lens[r] < q_len)
+    const int32_t tree_len = p.tree_lens ? p.tree_lens[r] : q_len;
+    if (tree_len < q_len)
+      return error_status(StatusCode::kInvalidArgument, "tree_attention: request ", r, " has tree_len ",
+                          tree_len, " < its ", q_len, " queries");
+    if (p.kv_lens[r] < tree_len)
       return error_status(StatusCode::kInvalidArgument, "tree_attention: request ", r, " has kv_len ",
-                          p.kv_lens[r], " < its ", q_len, " queries");
-    if (p.tree_mask && int64_t{q_len} > int64_t{p.mask_words} * 64)
-      return error_status(StatusCode::kInvalidArgument, "tree_attention: request ", r, " has ", q_len,
-                          " queries but mask rows of ", p.mask_words, " words");
+                          p.kv_lens[r], " < its ", tree_len, p.tree_lens ? " tree nodes" : " queries");
+    if (p.tree_mask && int64_t{tree_len} > int64_t{p.mask_words} * 64)
+      return error_status(StatusCode::kInvalidArgument, "tree_attention: request ", r, " has ", tree_len,
+                          p.tree_lens ? " tree nodes" : " queries", " but mask rows of ", p.mask_words, " words");
     const int32_t* row = p.block_table + int64_t{r} * p.table_stride;
     for (int32_t pos = 0; pos < p.kv_lens[r]; ++pos)
       if (paged_kv_slot(row, p.table_width, p.layout.block_size, p.layout.num_pages, pos) < 0)

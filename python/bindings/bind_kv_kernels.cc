@@ -175,7 +175,8 @@ py::array_t<float> tree_attention_cpu_py(const InND<float>& q, const InND<float>
                                          const InND<float>& v_cache, const InND<int32_t>& block_table,
                                          const InND<int32_t>& query_start, const InND<int32_t>& kv_lens,
                                          const std::optional<InND<uint64_t>>& tree_mask,
-                                         std::optional<double> scale, bool strict) {
+                                         std::optional<double> scale, bool strict,
+                                         const std::optional<InND<int32_t>>& tree_lens) {
   expect_shape(k_cache, "k_cache", {-1, -1, -1, -1});
   same_shape(k_cache, v_cache, "k_cache and v_cache");
   TreeAttentionParams p;
@@ -191,6 +192,10 @@ py::array_t<float> tree_attention_cpu_py(const InND<float>& q, const InND<float>
     expect_shape(*tree_mask, "tree_mask", {q.shape(0), -1});
     p.tree_mask = tree_mask->data();
     p.mask_words = to_int32(tree_mask->shape(1), "mask words");
+  }
+  if (tree_lens) {
+    expect_shape(*tree_lens, "tree_lens", {seqs});
+    p.tree_lens = tree_lens->data();
   }
   std::vector<float> out(static_cast<std::size_t>(q.size()));
   p.q = q.data();
@@ -248,11 +253,14 @@ void bind_kv_kernels(py::module_& m) {
   m.def("tree_attention_cpu", &tree_attention_cpu_py, py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("block_table"), py::arg("query_start"), py::arg("kv_lens"),
         py::arg("tree_mask") = py::none(), py::arg("scale") = py::none(), py::arg("strict") = false,
+        py::arg("tree_lens") = py::none(),
         "CPU reference of paged tree attention (specd/tree_attention.h): q float32 [num_tokens, "
         "q_heads, head_dim], caches float32 [num_pages, block_size, kv_heads, head_dim], "
         "block_table int32 [num_seqs, width], query_start int32 [num_seqs + 1], kv_lens int32 "
         "[num_seqs], tree_mask uint64 [num_tokens, mask_words] or None (causal), scale default "
-        "1/sqrt(head_dim). Returns float32 [num_tokens, q_heads, head_dim].");
+        "1/sqrt(head_dim), tree_lens int32 [num_seqs] or None (each request's tree: its last "
+        "tree_lens[r] KV positions, the queries the last of them). Returns float32 [num_tokens, "
+        "q_heads, head_dim].");
 
 #ifdef SPECD_WITH_CUDA
   m.def(
@@ -317,11 +325,12 @@ void bind_kv_kernels(py::module_& m) {
          int32_t table_stride, uintptr_t query_start, uintptr_t kv_lens, uintptr_t tree_mask,
          int32_t mask_words, uintptr_t out, int64_t out_token_stride, int32_t num_seqs,
          int32_t num_tokens, int32_t q_heads, double scale, const std::string& dtype,
-         uintptr_t stream, bool grouped, uintptr_t workspace, int64_t workspace_floats, int32_t max_splits) {
+         uintptr_t stream, bool grouped, uintptr_t workspace, int64_t workspace_floats, int32_t max_splits,
+         uintptr_t tree_lens) {
         const TreeAttentionParams p = tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table,
                                                               table_width, table_stride, query_start, kv_lens,
                                                               tree_mask, mask_words, out, out_token_stride, num_seqs,
-                                                              num_tokens, q_heads, scale, dtype);
+                                                              num_tokens, q_heads, scale, dtype, tree_lens);
         if (!grouped) {
           check(cuda::validate_tree_attention_launch(p));
           check_launch(cuda::tree_attention(p, as_stream(stream)), "tree_attention");
@@ -341,8 +350,9 @@ void bind_kv_kernels(py::module_& m) {
       py::arg("out_token_stride"), py::arg("num_seqs"), py::arg("num_tokens"), py::arg("q_heads"),
       py::arg("scale"), py::arg("dtype"), py::arg("stream"), py::arg("grouped") = false,
       py::arg("workspace_ptr") = 0, py::arg("workspace_floats") = 0, py::arg("max_splits") = 1,
+      py::arg("tree_lens_ptr") = 0,
       "Launch a CUDA paged tree-attention kernel on device pointers (no host sync); tree_mask_ptr "
-      "0: causal. grouped false: one block per token and query head (specd/cuda/tree_attention.h); "
+      "0: causal; tree_lens_ptr 0: every request's tree is its queries (int32 [num_seqs] else). grouped false: one block per token and query head (specd/cuda/tree_attention.h); "
       "true: the split, head-grouped kernel (specd/cuda/tree_attention_grouped.h) with a float32 "
       "workspace of workspace_floats (0 when max_splits is 1) and max_splits.");
   m.def(

@@ -59,10 +59,11 @@ void tree_attention_ptr(uintptr_t q, int64_t q_token_stride, uintptr_t k_cache, 
                         int32_t table_stride, uintptr_t query_start, uintptr_t kv_lens,
                         uintptr_t tree_mask, int32_t mask_words, uintptr_t out,
                         int64_t out_token_stride, int32_t num_seqs, int32_t num_tokens,
-                        int32_t q_heads, double scale, const std::string& dtype) {
+                        int32_t q_heads, double scale, const std::string& dtype, uintptr_t tree_lens) {
   check(tree_attention_cpu(tree_attention_params(q, q_token_stride, k_cache, v_cache, layout, block_table, table_width,
                                                  table_stride, query_start, kv_lens, tree_mask, mask_words, out,
-                                                 out_token_stride, num_seqs, num_tokens, q_heads, scale, dtype),
+                                                 out_token_stride, num_seqs, num_tokens, q_heads, scale, dtype,
+                                                 tree_lens),
                            /*strict=*/false));
 }
 
@@ -95,7 +96,7 @@ void bind_kv_ops(py::module_& m) {
         py::arg("query_start_ptr"), py::arg("kv_lens_ptr"), py::arg("tree_mask_ptr"),
         py::arg("mask_words"), py::arg("out_ptr"), py::arg("out_token_stride"),
         py::arg("num_seqs"), py::arg("num_tokens"), py::arg("q_heads"), py::arg("scale"),
-        py::arg("dtype"),
+        py::arg("dtype"), py::arg("tree_lens_ptr") = 0,
         "tree_attention_cpu (specd/tree_attention.h) on host pointers: the arguments of "
         "tree_attention_cuda without the stream; dtype must be 'float32' (the reference's).");
 }

@@ -95,7 +95,8 @@ inline TreeAttentionParams tree_attention_params(uintptr_t q, int64_t q_token_st
                                                  int32_t table_stride, uintptr_t query_start, uintptr_t kv_lens,
                                                  uintptr_t tree_mask, int32_t mask_words, uintptr_t out,
                                                  int64_t out_token_stride, int32_t num_seqs, int32_t num_tokens,
-                                                 int32_t q_heads, double scale, const std::string& dtype) {
+                                                 int32_t q_heads, double scale, const std::string& dtype,
+                                                 uintptr_t tree_lens = 0) {
   TreeAttentionParams p;
   p.q = address_ptr<const void>(q);
   p.q_token_stride = q_token_stride;
@@ -110,6 +111,7 @@ inline TreeAttentionParams tree_attention_params(uintptr_t q, int64_t q_token_st
   p.kv_lens = address_ptr<const int32_t>(kv_lens);
   p.tree_mask = address_ptr<const uint64_t>(tree_mask);
   p.mask_words = mask_words;
+  p.tree_lens = address_ptr<const int32_t>(tree_lens);
   p.out = address_ptr<void>(out);
   p.out_token_stride = out_token_stride;
   p.num_seqs = num_seqs;

@@ -121,6 +121,68 @@ TEST(TreeAttentionCpu, ChainTreeEqualsCausal) {
   }
 }
 
+// Random keep[s] in [0, tree size] per request.
+std::vector<int32_t> random_keep(std::mt19937& rng, const AttnBatch& b) {
+  std::vector<int32_t> keep;
+  for (std::size_t s = 0; s < b.trees.size(); ++s) {
+    const int32_t size = b.query_start[s + 1] - b.query_start[s];
+    keep.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(size + 1)));
+  }
+  return keep;
+}
+
+TEST(TreeAttentionCpu, TreeLensFeedOnlyTheNewestNodes) {
+  // A forward that feeds a tree's newest nodes (tree_lens = the whole tree, the mask rows over
+  // all of it) computes for them exactly what a forward feeding the whole tree computes.
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int32_t max_drafts = trial % 10 == 9 ? 70 : 1 + static_cast<int32_t>(rng() % 12);
+    const AttnBatch full = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 4), max_drafts,
+                                             1 + static_cast<int32_t>(rng() % 3));
+    const std::vector<int32_t> keep = random_keep(rng, full);
+    const AttnBatch part = newest_queries(full, keep);
+    for (bool with_mask : {true, false}) {
+      std::vector<float> want, got;
+      SPECD_ASSERT_OK(tree_attention_cpu(attn_params(full, &want, with_mask), /*strict=*/true));
+      SPECD_ASSERT_OK(tree_attention_cpu(attn_params(part, &got, with_mask), /*strict=*/true));
+      const int64_t row = int64_t{full.q_heads} * full.cache.layout.head_dim;
+      std::size_t at = 0;
+      for (std::size_t s = 0; s < keep.size(); ++s)
+        for (int32_t t = full.query_start[s + 1] - keep[s]; t < full.query_start[s + 1]; ++t)
+          for (int64_t e = 0; e < row; ++e, ++at)
+            ASSERT_EQ(got[at], want[static_cast<std::size_t>(t * row + e)])
+                << "trial " << trial << " mask " << with_mask << " request " << s << " token " << t;
+      ASSERT_EQ(at, got.size());
+    }
+  }
+}
+
+TEST(TreeAttentionCpu, StrictChecksTreeLens) {
+  std::mt19937 rng(37);
+  const AttnBatch full = random_attn_batch(rng, 2, 6, 1);
+  const std::vector<int32_t> keep = {full.query_start[1] - full.query_start[0],
+                                     full.query_start[2] - full.query_start[1]};  // every node: >= 1
+  const AttnBatch part = newest_queries(full, keep);
+  std::vector<float> out;
+  SPECD_ASSERT_OK(tree_attention_cpu(attn_params(part, &out), true));  // tree_lens = q_len
+  AttnBatch bad = part;
+  bad.tree_lens[0] = keep[0] - 1;  // fewer tree nodes than queries
+  Status st = tree_attention_cpu(attn_params(bad, &out), true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tree_len"), std::string::npos) << st.message();
+  bad = part;
+  bad.tree_lens[1] = bad.kv_lens[1] + 1;  // a tree longer than the KV extent
+  st = tree_attention_cpu(attn_params(bad, &out), true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("tree nodes"), std::string::npos) << st.message();
+  bad = part;
+  bad.tree_lens[0] = 65;  // mask rows of one word cover 64 nodes
+  bad.kv_lens[0] = std::max(bad.kv_lens[0], 65);
+  st = tree_attention_cpu(attn_params(bad, &out), true);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("mask rows"), std::string::npos) << st.message();
+}
+
 TEST(TreeAttentionCpu, QueriesThatSeeNothingGetZeros) {
   // No history and an all-zero mask row for query 1; token 2 belongs to no request.
   AttnBatch b;

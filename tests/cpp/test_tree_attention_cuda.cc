@@ -61,8 +61,9 @@ void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_strid
   DeviceBuffer<unsigned char> d_q(q_bytes), d_k(k_bytes), d_v(v_bytes), d_out(out_init);
   DeviceBuffer<int32_t> d_table(b.cache.table), d_start(b.query_start), d_lens(b.kv_lens);
   DeviceBuffer<uint64_t> d_mask(b.mask);
+  DeviceBuffer<int32_t> d_trees(b.tree_lens.empty() ? std::vector<int32_t>{0} : b.tree_lens);
   ASSERT_TRUE(d_q.get() && d_k.get() && d_v.get() && d_out.get() && d_table.get() && d_start.get() &&
-              d_lens.get() && d_mask.get());
+              d_lens.get() && d_mask.get() && d_trees.get());
   p.dtype = dtype;
   p.q = d_q.get();
   p.k_cache = d_k.get();
@@ -72,6 +73,7 @@ void check_batch(AttnBatch b, KvDtype dtype, bool with_mask, int64_t extra_strid
   p.query_start = d_start.get();
   p.kv_lens = d_lens.get();
   p.tree_mask = with_mask ? d_mask.get() : nullptr;
+  p.tree_lens = b.tree_lens.empty() ? nullptr : d_trees.get();
   if (grouped_splits == 0) {
     SPECD_CUDA_OK(cuda::tree_attention(p, nullptr));
   } else {
@@ -117,6 +119,26 @@ TEST(TreeAttentionCuda, MatchesCpuReference) {
                                     1 + static_cast<int32_t>(rng() % 4), dim, history);
     check_dtypes(b, trial, "trial " + std::to_string(trial));
     if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+TEST(TreeAttentionCuda, TreeLensMatchCpuReference) {
+  // Only the newest nodes of each tree as queries (tree_lens = the tree): both kernels follow
+  // the reference, with and without a mask, in every dtype.
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(61);
+  for (int trial = 0; trial < 12; ++trial) {
+    const int32_t max_drafts = trial % 6 == 5 ? 80 : 1 + static_cast<int32_t>(rng() % 16);
+    const AttnBatch full = random_attn_batch(rng, 1 + static_cast<int32_t>(rng() % 6), max_drafts,
+                                             1 + static_cast<int32_t>(rng() % 4), trial % 2 ? 64 : 0, 60);
+    std::vector<int32_t> keep;
+    for (std::size_t s = 0; s < full.trees.size(); ++s)
+      keep.push_back(static_cast<int32_t>(rng() % static_cast<uint32_t>(full.query_start[s + 1] - full.query_start[s] + 1)));
+    const AttnBatch part = newest_queries(full, keep);
+    for (int32_t splits : {0, 1, 4}) {
+      check_dtypes(part, trial, "tree_lens trial " + std::to_string(trial), splits);
+      if (::testing::Test::HasFatalFailure()) return;
+    }
   }
 }
 

@@ -22,7 +22,31 @@ struct AttnBatch {
   std::vector<uint64_t> mask;  // [num_tokens, mask_words]
   int32_t mask_words = 1;
   std::vector<float> q;        // [num_tokens, q_heads, head_dim]
+  std::vector<int32_t> tree_lens;  // [num_seqs] or empty (each tree is its queries)
 };
+
+// The batch `full` (every tree node a query) with only the newest nodes of each tree as queries:
+// request s keeps its last keep[s] nodes (their q and mask rows), tree_lens = its tree's size.
+// Its outputs must be the matching rows of `full`'s (the keys each query sees are the same).
+inline AttnBatch newest_queries(const AttnBatch& full, const std::vector<int32_t>& keep) {
+  AttnBatch b = full;
+  b.query_start = {0};
+  b.mask.clear();
+  b.q.clear();
+  b.tree_lens.clear();
+  const int64_t row = int64_t{full.q_heads} * full.cache.layout.head_dim;
+  for (std::size_t s = 0; s < full.trees.size(); ++s) {
+    const int32_t size = full.query_start[s + 1] - full.query_start[s];
+    for (int32_t t = full.query_start[s + 1] - keep[s]; t < full.query_start[s + 1]; ++t) {
+      b.q.insert(b.q.end(), full.q.begin() + t * row, full.q.begin() + (t + 1) * row);
+      b.mask.insert(b.mask.end(), full.mask.begin() + int64_t{t} * full.mask_words,
+                    full.mask.begin() + int64_t{t + 1} * full.mask_words);
+    }
+    b.query_start.push_back(b.query_start.back() + keep[s]);
+    b.tree_lens.push_back(size);
+  }
+  return b;
+}
 
 // `dim` 0 picks a random head_dim in [1, 20]; histories have up to `max_history` tokens.
 inline AttnBatch random_attn_batch(std::mt19937& rng, int32_t seqs, int32_t max_drafts, int32_t group,
@@ -70,6 +94,7 @@ inline TreeAttentionParams attn_params(const AttnBatch& b, std::vector<float>* o
   p.kv_lens = b.kv_lens.data();
   p.tree_mask = with_mask ? b.mask.data() : nullptr;
   p.mask_words = b.mask_words;
+  p.tree_lens = b.tree_lens.empty() ? nullptr : b.tree_lens.data();
   p.out = out->data();
   p.out_token_stride = row;
   p.num_seqs = static_cast<int32_t>(b.kv_lens.size());

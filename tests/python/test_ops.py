@@ -192,6 +192,43 @@ def test_tree_attention_equals_reference(causal):
                                                                  0.3)))
 
 
+def newest_only(case, rng):
+    """A tree-attention case with only the newest nodes of each request as queries (a random
+    number, 0 included), ``tree_lens`` its trees' sizes; and the rows of the full case they are."""
+    q, kc, vc, table, starts, kv_lens, mask = case
+    rows, part_starts, sizes = [], [0], []
+    for r in range(len(starts) - 1):
+        a, b = int(starts[r]), int(starts[r + 1])
+        keep = int(rng.integers(0, b - a + 1))
+        rows.extend(range(b - keep, b))
+        part_starts.append(part_starts[-1] + keep)
+        sizes.append(b - a)
+    index = torch.tensor(rows, dtype=torch.int64)
+    part = (q[index], kc, vc, table, torch.tensor(part_starts, dtype=torch.int32), kv_lens,
+            None if mask is None else mask[index])
+    return part, torch.tensor(sizes, dtype=torch.int32), index
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tree_attention_tree_lens_feed_only_the_newest_nodes(causal):
+    """tree_lens: a forward that feeds only each tree's newest nodes gets, for them, exactly
+    what a forward feeding whole trees gets (the CPU reference); it equals the _core binding."""
+    rng = np.random.default_rng(16 + causal)
+    case = attention_case(rng, seqs=4, causal=causal)
+    full = ops.tree_attention(*case)
+    part, tree_lens, rows = newest_only(case, rng)
+    got = ops.tree_attention(*part, tree_lens=tree_lens)
+    assert 0 < len(rows) < full.shape[0]
+    assert torch.equal(got, full[rows])
+    q, kc, vc, table, starts, kv_lens, mask = part
+    direct = _core.tree_attention_cpu(q.numpy(), kc.numpy(), vc.numpy(), table.numpy(), starts.numpy(),
+                                      kv_lens.numpy(), None if mask is None else mask.numpy().view(np.uint64),
+                                      tree_lens=tree_lens.numpy())
+    np.testing.assert_array_equal(got.numpy(), direct)
+    with pytest.raises(errors.InvalidArgumentError, match="tree_lens"):
+        ops.tree_attention(*part, tree_lens=tree_lens[:-1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_sample_tokens_and_sampling_probs_equal_references(dtype):
     rng = np.random.default_rng(8)
@@ -456,6 +493,21 @@ def test_gpu_tree_attention_close_to_cpu(cuda, dtype, grouped):
     want = ops.tree_attention(q.float(), kc.float(), vc.float(), table, starts, kv_lens, mask)
     got = ops.tree_attention(*to(cuda, (q, kc, vc, table, starts, kv_lens, mask)), grouped=grouped)
     assert got.dtype == dtype and got.shape == want.shape
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_tree_attention_tree_lens_close_to_cpu(cuda, dtype, grouped):
+    """Both kernels with tree_lens (only the newest nodes as queries) against the CPU reference."""
+    rng = np.random.default_rng(17)
+    part, tree_lens, _ = newest_only(attention_case(rng, seqs=5), rng)
+    q, kc, vc, table, starts, kv_lens, mask = part
+    q, kc, vc = (t.to(dtype) for t in (q, kc, vc))
+    want = ops.tree_attention(q.float(), kc.float(), vc.float(), table, starts, kv_lens, mask, tree_lens=tree_lens)
+    got = ops.tree_attention(*to(cuda, (q, kc, vc, table, starts, kv_lens, mask)), grouped=grouped,
+                             tree_lens=tree_lens.to(cuda))
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float().cpu(), want, rtol=tol, atol=tol)
 

@@ -9,17 +9,21 @@
 //
 // Inputs. Request r owns query tokens [query_start[r], query_start[r + 1]) of the batch (CSR,
 // q_len of them) and attends to KV positions [0, kv_lens[r]) of its sequence, read through
-// block table row r (kv_layout.h). The last q_len of those positions hold the request's new
-// tokens in query order, already written (kv_write.h); the first hist = kv_lens[r] - q_len
-// positions are its committed history.
+// block table row r (kv_layout.h). The last tree_len of those positions are the request's tree
+// (tree_len = tree_lens[r] when tree_lens is given, else q_len; q_len <= tree_len <= kv_len):
+// its nodes in tree order, already written (kv_write.h), the queries being the last q_len of
+// them, so query j is tree node n = tree_len - q_len + j. The first hist = kv_lens[r] - tree_len
+// positions are its committed history. tree_lens lets a forward feed only a tree's newest nodes
+// while the mask still covers the nodes fed by earlier forwards (a draft tree grown forward by
+// forward, engine/draft_tree_graph.py); without it every node is a query (tree_len = q_len).
 //
 // Visibility of position pos to query j of request r (global token t = query_start[r] + j):
 //   pos < hist: visible (the whole history);
-//   otherwise m = pos - hist (new token m) is visible iff
+//   otherwise m = pos - hist (tree node m) is visible iff
 //     tree_mask given: bit m % 64 of word m / 64 of mask row t, i.e.
 //                      tree_mask[t * mask_words + m / 64] (TokenTree::ancestor_mask's layout:
 //                      a node sees itself and its ancestors);
-//     tree_mask null:  m <= j (causal).
+//     tree_mask null:  m <= n (causal).
 // Keys whose position has no slot (kv_layout.h) are skipped (kernel); the CPU reference
 // reports them when strict.
 //
@@ -55,7 +59,8 @@ struct TreeAttentionParams {
   const int32_t* query_start = nullptr;  // [num_seqs + 1] CSR offsets of each request's queries
   const int32_t* kv_lens = nullptr;      // [num_seqs] KV extent (history + new tokens)
   const uint64_t* tree_mask = nullptr;   // [num_tokens, mask_words] or null (causal)
-  int32_t mask_words = 0;        // words per mask row (>= ceil(max q_len / 64) when a mask is given)
+  int32_t mask_words = 0;        // words per mask row (>= ceil(max tree_len / 64) when a mask is given)
+  const int32_t* tree_lens = nullptr;    // [num_seqs] each request's tree length, or null (q_len)
   void* out = nullptr;           // [num_tokens, q_heads, head_dim]; token t at out + t * out_token_stride
   int64_t out_token_stride = 0;  // elements between tokens (>= q_heads * head_dim)
   int32_t num_seqs = 0;
@@ -64,11 +69,11 @@ struct TreeAttentionParams {
   float scale = 1.0f;            // usually 1 / sqrt(head_dim)
 };
 
-// Where query token t stands: its request (-1: none), index j among the request's queries,
-// history length and KV extent.
+// Where query token t stands: its request (-1: none), its tree node n (the query's index
+// among the request's queries plus tree_len - q_len), history length and KV extent.
 struct TreeQuery {
   int32_t seq;
-  int32_t j;
+  int32_t node;
   int32_t hist;
   int32_t kv_len;
 };
@@ -79,7 +84,8 @@ SPECD_HOST_DEVICE inline TreeQuery tree_attention_query(const TreeAttentionParam
   const int32_t start = p.query_start[r];
   const int32_t q_len = p.query_start[r + 1] - start;
   const int32_t kv_len = p.kv_lens[r];
-  return TreeQuery{r, t - start, kv_len - q_len, kv_len};
+  const int32_t tree_len = p.tree_lens != nullptr ? p.tree_lens[r] : q_len;
+  return TreeQuery{r, tree_len - q_len + (t - start), kv_len - tree_len, kv_len};
 }
 
 // The visibility rule above (pos in [0, q.kv_len)).
@@ -87,7 +93,7 @@ SPECD_HOST_DEVICE inline bool tree_attention_visible(const TreeAttentionParams& 
                                                      const TreeQuery& q, int32_t t, int32_t pos) {
   if (pos < q.hist) return true;
   const int64_t m = int64_t{pos} - q.hist;
-  if (p.tree_mask == nullptr) return m <= q.j;
+  if (p.tree_mask == nullptr) return m <= q.node;
   if (m >= int64_t{p.mask_words} * 64) return false;
   const uint64_t word = p.tree_mask[int64_t{t} * p.mask_words + m / 64];
   return ((word >> (m % 64)) & 1u) != 0;
@@ -103,9 +109,9 @@ Status validate_tree_attention(const TreeAttentionParams& params);
 
 // CPU reference (dtype must be kFloat32; host pointers): validates, then computes out by the
 // rule above. strict = true first checks the contents (kInvalidArgument / kOutOfRange, naming
-// the request): query_start runs from 0 to num_tokens without decreasing, kv_lens[r] >= q_len,
-// q_len <= 64 * mask_words when a mask is given, and every position in [0, kv_lens[r]) has a
-// slot. Without strict, it does what the kernel does on such input.
+// the request): query_start runs from 0 to num_tokens without decreasing, q_len <= tree_len <=
+// kv_lens[r], tree_len <= 64 * mask_words when a mask is given, and every position in
+// [0, kv_lens[r]) has a slot. Without strict, it does what the kernel does on such input.
 Status tree_attention_cpu(const TreeAttentionParams& params, bool strict = false);
 
 }  // namespace specd

@@ -11,16 +11,21 @@ N = (max_steps - 1) w:
                           forward 0 copied in); the root's candidates: ``tree_children``
                           (draft_tree.py: the request's distribution, top w)
     forward j = 1..k-1    select the frontier from forward j - 1's candidates (below), feed
-                          every node fed so far plus the frontier under the tree mask, LM head
-                          on the frontier rows, their candidates by ``tree_children``
+                          it (w rows per request) under the tree mask over every node fed so
+                          far (``tree_lens`` = j w: the earlier nodes' KV is in the cache from
+                          their own forward), their candidates by ``tree_children``
 
 Fixed layout. Frontier position f of forward j is fed node (j - 1) w + f of its request: depth
 j, position ``L - 1 + j``, KV index ``L + (j - 1) w + f`` (its slot through the block table, the
 slot run_draft_tree gives it when every frontier is full), mask row = its parent's row plus its
-own bit. Forward j feeds a request's rows [0, j w): ``query_start`` is the constant 0, jw, 2jw, ...
+own bit, over the request's j w tree nodes. Forward j feeds the w frontier rows of each
+request: ``query_start`` is the constant 0, w, 2w, ..., ``kv_lens`` L + j w and ``tree_lens``
+j w (tree_attention.h: the last j w KV positions are the tree, the queries its last w). The
+host loop instead feeds every node fed so far again (the same attention, up to rounding).
 Rows of nodes that do not exist (a frontier with fewer than w candidates, a request past its
 own k or whose candidates all had probability 0, a padding request) are dummies: token 0,
-slot -1 (nothing written), an empty mask row (they see the history only; no row sees them).
+slot -1 (nothing written), an empty mask row (they see the history only; no row sees them,
+since an invalid node is nobody's ancestor).
 
 Frontier selection (DraftTreeBuilder.frontier's rule, and draft_tree._Growth.next_frontier's
 chain rule), per request, over forward j - 1's candidates ``[F w]`` (F = 1 for the root, else
@@ -94,20 +99,16 @@ class _TreeBuffers:
         self.node_ok = torch.zeros((batch, nodes), dtype=torch.bool, device=device)
         self.node_mask = torch.zeros((batch, nodes, words), **i64)  # ancestor bits over fed nodes
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)
-        # Constants: node i's own mask bit, depth, KV index past the root (i + 1).
+        # Constants: node i's own mask bit, KV index past the root (i + 1).
         bits = np.zeros((nodes, words), dtype=np.int64)
         for i in range(nodes):
             bits[i, i // 64] = np.int64(1 << (i % 64)) if i % 64 < 63 else np.int64(-2 ** 63)
         self.self_bits = torch.from_numpy(bits).to(device)
-        self.depth = (torch.arange(nodes, **i64) // width) + 1
         self.kv_offset = torch.arange(nodes, **i64) + 1
-        self.query_start: dict[int, torch.Tensor] = {}
-        self.logits_index: dict[int, torch.Tensor] = {}
-        for j in range(1, steps):
-            q = j * width
-            self.query_start[j] = torch.arange(0, batch * q + 1, q, dtype=torch.int32, device=device)
-            rows = torch.arange(batch, **i64)[:, None] * q + (j - 1) * width + torch.arange(width, **i64)[None, :]
-            self.logits_index[j] = rows.reshape(-1)  # [B w] each request's frontier rows
+        self.query_start = torch.arange(0, batch * width + 1, width, dtype=torch.int32, device=device)
+        # Forward j's tree: the j w nodes fed up to it (tree_attention.h's tree_lens).
+        self.tree_lens = {j: torch.full((batch,), j * width, dtype=torch.int32, device=device)
+                          for j in range(1, steps)}
 
 
 class DraftTreeGraphRunner(DraftGraphRunner):
@@ -155,9 +156,10 @@ class DraftTreeGraphRunner(DraftGraphRunner):
             buf.root_logits[n:].zero_()
 
         w = self.width
-        # Per forward: (tokens fed, keys attended), counting a request's j w rows in forward j.
-        shapes = [(sum(j * w for it in items if it.k > j), sum(causal_keys(it.request.length, j * w)
-                                                               for it in items if it.k > j))
+        # Per forward: (tokens fed, keys attended), counting a request's w rows in forward j,
+        # after its history and (j - 1) w earlier tree nodes.
+        shapes = [(sum(w for it in items if it.k > j),
+                   sum(causal_keys(it.request.length + (j - 1) * w, w) for it in items if it.k > j))
                   for j in range(1, steps)]
         if width:
             shapes.insert(0, (sum(it.request.length - it.request.computed[DRAFT] for it in items),
@@ -225,20 +227,20 @@ class DraftTreeGraphRunner(DraftGraphRunner):
             words = buf.node_mask.shape[2]
             ancestors = buf.node_mask.gather(1, parent[:, :, None].expand(-1, -1, words))
             buf.node_mask[:, lo:q] = ancestors | own
-        # The forward's rows: every fed node of a request that grows this forward.
-        feed = buf.node_ok[:, :q] & top_ok.any(dim=1)[:, None]  # [B, q]
-        ids = torch.where(feed, buf.node_tokens[:, :q], 0).reshape(-1)
-        positions = (buf.positions[:, None] + buf.depth[None, :q]).reshape(-1)
-        kv_index = buf.positions[:, None] + buf.kv_offset[None, :q]  # [B, q]
+        # The forward's rows: the frontier, w per request (the tree's earlier nodes are in the
+        # KV already: tree_lens = j w makes the mask rows cover them).
+        ids = torch.where(top_ok, buf.node_tokens[:, lo:q], 0).reshape(-1)
+        positions = (buf.positions + j)[:, None].expand(batch, w).reshape(-1)
+        kv_index = buf.positions[:, None] + buf.kv_offset[None, lo:q]  # [B, w]
         column = torch.div(kv_index, self.block_size, rounding_mode="floor")
         in_table = column < buf.table.shape[1]
         page = buf.table.gather(1, column.clamp(max=buf.table.shape[1] - 1)).to(torch.int64)
-        slots = torch.where(feed & in_table & (page >= 0), page * self.block_size + kv_index % self.block_size, -1)
+        slots = torch.where(top_ok & in_table & (page >= 0), page * self.block_size + kv_index % self.block_size, -1)
         buf.kv_lens.copy_(buf.positions + 1 + q)
-        mask = torch.where(feed[:, :, None], buf.node_mask[:, :q], 0).reshape(batch * q, -1)
-        meta = DeviceAttentionMetadata(positions, slots.reshape(-1), buf.table, buf.query_start[j], buf.kv_lens,
-                                       tree_mask=mask)
-        logits = self.model(ids, meta, self.kv, buf.logits_index[j], backend=self.backend)  # [B w, vocab]
+        mask = torch.where(top_ok[:, :, None], buf.node_mask[:, lo:q], 0).reshape(batch * w, -1)
+        meta = DeviceAttentionMetadata(positions, slots.reshape(-1), buf.table, buf.query_start, buf.kv_lens,
+                                       tree_mask=mask, tree_lens=buf.tree_lens[j])
+        logits = self.model(ids, meta, self.kv, None, backend=self.backend)  # [B w, vocab]
         self._expand(buf, j, logits, buf.node_path[:, lo:q], top_ok)
 
     def _expand(self, buf: _TreeBuffers, j: int, logits: torch.Tensor, parent_path: torch.Tensor,

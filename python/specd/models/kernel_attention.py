@@ -33,6 +33,7 @@ class DeviceAttentionMetadata:
     query_start: torch.Tensor   # int32 [B + 1] CSR offsets of each sequence's new tokens
     kv_lens: torch.Tensor       # int32 [B] KV extent attended (history + new tokens)
     tree_mask: Optional[torch.Tensor] = None  # int64 [T, mask_words] ancestor bits; None: causal
+    tree_lens: Optional[torch.Tensor] = None  # int32 [B] tree nodes per sequence (>= its queries); None: the queries
 
 
 def kernel_attention_for(model) -> "KernelAttention":
@@ -69,4 +70,5 @@ class KernelAttention:
         (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
         return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
                                               meta.kv_lens, meta.tree_mask, self.scale,
-                                              grouped_for(self.grouped, q.shape[0], meta.query_start.shape[0] - 1))
+                                              grouped_for(self.grouped, q.shape[0], meta.query_start.shape[0] - 1),
+                                              meta.tree_lens)

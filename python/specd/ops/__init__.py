@@ -15,7 +15,7 @@ mixed devices, wrong dtypes or shapes raise :class:`specd.errors.InvalidArgument
 | ``slot_mapping(block_table, seq_index, positions, block_size)`` | kv_slot_mapping.h | - |
 | ``draft_step_inputs(block_table, positions, sampled_tokens, block_size, num_pages, step, num_steps)`` | draft_step_inputs.h | - |
 | ``draft_step_inputs_inplace(..., positions, sampled_tokens, input_ids, slot_mapping, kv_lens, ...)`` | draft_step_inputs.h | buffers |
-| ``tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask, scale)`` | tree_attention.h | - |
+| ``tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask, scale, grouped, tree_lens)`` | tree_attention.h | - |
 | ``sample_tokens(logits, params, rng)`` / ``sampling_probs(logits, params)`` / ``sample_tokens_and_probs(logits, params, rng)`` | sampling_batch.h | - |
 | ``sample_tokens_and_probs_out(logits, params, rng, probs)`` | sampling_batch.h | probs |
 | ``verify_greedy`` / ``verify_greedy_tokens`` / ``verify_stochastic`` | verify_batch.h | - |

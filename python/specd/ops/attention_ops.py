@@ -6,6 +6,7 @@ takes float32/float16/bfloat16 and accumulates in float. No sliding windows, sof
 ALiBi: models with those keep the torch path (models/attention.py).
 """
 
+import functools
 import math
 from typing import Optional
 
@@ -21,7 +22,8 @@ __all__ = ["tree_attention"]
 @torch.library.custom_op("specd::tree_attention", mutates_args=())
 def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                    query_start: torch.Tensor, kv_lens: torch.Tensor, tree_mask: Optional[torch.Tensor] = None,
-                   scale: Optional[float] = None, grouped: bool = False) -> torch.Tensor:
+                   scale: Optional[float] = None, grouped: bool = False,
+                   tree_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of each request's new tokens over its paged KV (tree_attention.h).
 
     q: ``[num_tokens, q_heads, head_dim]`` of the caches' dtype (rows contiguous).
@@ -36,16 +38,21 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         query token, GQA group and KV split, partial states merged; its float32 workspace is
         allocated here) instead of the per-head kernel. Same rule and result up to float
         rounding; validated on an H100. Ignored on CPU (the reference).
+    tree_lens: int32 ``[num_seqs]`` or None: each request's tree is its last ``tree_lens[r]`` KV
+        positions (``q_len <= tree_lens[r] <= kv_lens[r]``), its queries the last of them, and
+        the mask rows cover the whole tree (``mask_words * 64 >= tree_lens[r]``): a forward that
+        feeds only a tree's newest nodes (engine/draft_tree_graph.py). None: the queries are
+        the tree. Not yet run on a GPU (the kernels share the CPU reference's rule code).
     Returns ``[num_tokens, q_heads, head_dim]`` in q's dtype. CPU: float32 only.
     """
     no_kernel_for_device("tree_attention", q, k_cache, v_cache)
 
 
 def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None,
-                    grouped=False):
+                    grouped=False, tree_lens=None):
     op = "tree_attention"
     device = common_device(op, q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table,
-                           query_start=query_start, kv_lens=kv_lens, tree_mask=tree_mask)
+                           query_start=query_start, kv_lens=kv_lens, tree_mask=tree_mask, tree_lens=tree_lens)
     layout, _, _ = cache_layout(op, k_cache, v_cache)
     if q.dtype != k_cache.dtype:
         fail(op, f"q must have the caches' dtype {k_cache.dtype}, got {q.dtype}")
@@ -66,6 +73,7 @@ def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree
         expect(op, "tree_mask", tree_mask, torch.int64, 2)
         mask = index(op, "tree_mask", tree_mask, torch.int64, (tokens, -1))
         mask_ptr, mask_words = mask.data_ptr(), mask.shape[1]
+    trees = index(op, "tree_lens", tree_lens, torch.int32, (seqs,)) if tree_lens is not None else None
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if tokens == 0:
         return out
@@ -81,12 +89,15 @@ def _tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree
         workspace = torch.empty(floats, dtype=torch.float32, device=device) if floats else None
         options = dict(grouped=True, workspace_ptr=workspace.data_ptr() if floats else 0, workspace_floats=floats,
                        max_splits=splits)
-    launch(device, _core.tree_attention_cpu_ptr, "tree_attention_cuda", *args, **options)
+    trees_ptr = trees.data_ptr() if trees is not None else 0
+    launch(device, functools.partial(_core.tree_attention_cpu_ptr, tree_lens_ptr=trees_ptr), "tree_attention_cuda",
+           *args, tree_lens_ptr=trees_ptr, **options)
     return out
 
 
 @tree_attention.register_fake
-def _(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None, grouped=False):
+def _(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask=None, scale=None, grouped=False,
+      tree_lens=None):
     return q.new_empty(q.shape)
 
 
