@@ -54,7 +54,7 @@ def test_kernel_attention_passes_the_rule_per_forward(monkeypatch, setting):
     real = torch.ops.specd.tree_attention
 
     def attention(*args):
-        seen.append(args[-1])
+        seen.append(args[8])  # (q, k, v, table, query_start, kv_lens, mask, scale, grouped, tree_lens)
         return real(*args)
 
     monkeypatch.setattr(torch.ops.specd, "tree_attention", attention, raising=False)

@@ -223,7 +223,7 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
     real_sample_out = torch.ops.specd.sample_tokens_and_probs_out
 
     def attention(*args):
-        seen["grouped"].append(args[-1])
+        seen["grouped"].append(args[8])  # (q, k, v, table, query_start, kv_lens, mask, scale, grouped, tree_lens)
         return real_attention(*args)
 
     def sample(*args):
