@@ -38,6 +38,66 @@ Status DraftTreeBuilder::expand(int32_t node, Span<const int32_t> tokens, Span<c
   return Status::Ok();
 }
 
+Status DraftTreeBuilder::replay(Span<const double> record, int32_t forwards, int32_t width,
+                                std::vector<int32_t>* chain) {
+  if (size() != 1 || expanded_[0])
+    return error_status(StatusCode::kFailedPrecondition, "replay: the builder already grew (", size(), " nodes)");
+  if (width < 1 || forwards < 1)
+    return error_status(StatusCode::kInvalidArgument, "replay: width (", width, ") and forwards (", forwards,
+                        ") must be >= 1");
+  const std::size_t w = static_cast<std::size_t>(width), cands = w * w, row = 2 * cands + w;
+  if (record.size() != static_cast<std::size_t>(forwards) * row)
+    return error_status(StatusCode::kInvalidArgument, "replay: a record of ", forwards, " rows of ", row,
+                        " values has ", record.size());
+  std::vector<int32_t> tokens(w);
+  std::vector<float> probs(w);
+  if (chain) chain->assign(1, 0);
+  int32_t chain_node = 0;
+  // Expands `node` with entry row `f` of forward `j`; returns its first child and count.
+  auto grow = [&](std::size_t j, std::size_t f, int32_t node, int32_t* first, int32_t* count) -> Status {
+    const double* base = record.data() + j * row + f * w;
+    std::size_t n = 0;
+    while (n < w && base[cands + n] > 0) {
+      tokens[n] = static_cast<int32_t>(base[n]);
+      probs[n] = static_cast<float>(base[cands + n]);
+      ++n;
+    }
+    *first = size();
+    *count = static_cast<int32_t>(n);
+    SPECD_RETURN_IF_ERROR(expand(node, Span<const int32_t>(tokens.data(), n), Span<const float>(probs.data(), n)));
+    if (node == chain_node && n > 0) {
+      chain_node = *first;
+      if (chain) chain->push_back(chain_node);
+    }
+    return Status::Ok();
+  };
+  std::vector<int32_t> firsts(1), counts(1), next_firsts, next_counts;
+  SPECD_RETURN_IF_ERROR(grow(0, 0, 0, &firsts[0], &counts[0]));
+  for (int32_t j = 1; j < forwards; ++j) {
+    const double* selected = record.data() + static_cast<std::size_t>(j) * row + 2 * cands;
+    next_firsts.clear();
+    next_counts.clear();
+    for (std::size_t f = 0; f < w; ++f) {
+      if (selected[f] < 0) continue;
+      const auto c = static_cast<int64_t>(selected[f]);
+      const auto parent_slot = static_cast<std::size_t>(c / width);
+      const auto rank = static_cast<int32_t>(c % width);
+      if (static_cast<double>(c) != selected[f] || parent_slot >= firsts.size() || rank >= counts[parent_slot])
+        return error_status(StatusCode::kInvalidArgument, "replay: forward ", j, " fed candidate ", selected[f],
+                            ", which forward ", j - 1, " did not produce");
+      int32_t first = 0, count = 0;
+      SPECD_RETURN_IF_ERROR(grow(static_cast<std::size_t>(j), next_firsts.size(), firsts[parent_slot] + rank,
+                                 &first, &count));
+      next_firsts.push_back(first);
+      next_counts.push_back(count);
+    }
+    if (next_firsts.empty()) break;
+    firsts.swap(next_firsts);
+    counts.swap(next_counts);
+  }
+  return Status::Ok();
+}
+
 std::vector<int32_t> DraftTreeBuilder::frontier(int32_t beam) const {
   int32_t deepest = 0;
   for (int32_t i = 0; i < size(); ++i)

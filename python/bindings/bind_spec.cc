@@ -110,6 +110,22 @@ void bind_tree(py::module_& m) {
         return b.path_prob(node);
       }, py::arg("node"))
       .def("__len__", &DraftTreeBuilder::size)
+      .def("replay", [](DraftTreeBuilder& b, const InArray<double>& record, int32_t forwards, int32_t width) {
+        std::vector<int32_t> chain;
+        check(b.replay(as_span(record, "record"), forwards, width, &chain));
+        return to_numpy(std::move(chain));
+      }, py::arg("record"), py::arg("forwards"), py::arg("width"),
+      "Grows the builder (root only) from a device-grown tree's record, float64 [forwards, 2 w^2 + w] "
+      "flattened (draft_tree_builder.h); returns the draft's greedy chain (builder nodes, root first).")
+      .def("nodes", [](const DraftTreeBuilder& b) {
+        std::vector<int32_t> parents, depths, tokens;
+        for (int32_t v = 0; v < b.size(); ++v) {
+          parents.push_back(b.parent(v));
+          depths.push_back(b.depth(v));
+          tokens.push_back(b.token(v));
+        }
+        return py::make_tuple(to_numpy(std::move(parents)), to_numpy(std::move(depths)), to_numpy(std::move(tokens)));
+      }, "(parents, depths, tokens) int32 [size] of every node (the root's parent: -1)")
       .def("build", [](const DraftTreeBuilder& b, int32_t budget) {
         std::vector<int32_t> kept;
         std::vector<float> probs;

@@ -164,5 +164,75 @@ TEST(DraftTreeBuilder, Errors) {
   SPECD_EXPECT_CODE(b.expand(0, V{2}, std::vector<float>{0.5f}), kFailedPrecondition);
 }
 
+// A record (draft_tree_builder.h) of width 2 and 3 forwards, built entry by entry.
+struct Record {
+  static constexpr int32_t kW = 2, kRow = 2 * kW * kW + kW;
+  std::vector<double> values = std::vector<double>(3 * kRow, 0.0);
+  Record() {
+    for (int32_t j = 0; j < 3; ++j) fed(j, {});  // no frontier unless given
+  }
+  void candidates(int32_t j, int32_t f, std::vector<double> tokens, std::vector<double> probs) {
+    for (std::size_t r = 0; r < tokens.size(); ++r) {
+      values[static_cast<std::size_t>(j * kRow + f * kW) + r] = tokens[r];
+      values[static_cast<std::size_t>(j * kRow + kW * kW + f * kW) + r] = probs[r];
+    }
+  }
+  void fed(int32_t j, std::vector<double> flat) {
+    for (int32_t f = 0; f < kW; ++f)
+      values[static_cast<std::size_t>(j * kRow + 2 * kW * kW + f)] = f < static_cast<int32_t>(flat.size()) ? flat[static_cast<std::size_t>(f)] : -1;
+  }
+};
+
+TEST(DraftTreeBuilder, ReplayMakesTheHostLoopsExpansions) {
+  Record rec;
+  rec.candidates(0, 0, {7, 8}, {0.75, 0.25});           // root -> 7 (node 1), 8 (node 2)
+  rec.fed(1, {0, 1});                                   // forward 1 feeds nodes 1 and 2
+  rec.candidates(1, 0, {9, 10}, {0.5, 0.5});            // node 1 -> 9 (3), 10 (4)
+  rec.candidates(1, 1, {11, 0}, {1.0, 0.0});            // node 2 -> 11 (5) only
+  rec.fed(2, {2, 0});                                   // forward 2 feeds node 5 (flat 2 = f 1, r 0), then 3
+  rec.candidates(2, 0, {12, 13}, {0.5, 0.25});          // node 5 -> 12 (6), 13 (7)
+  rec.candidates(2, 1, {0, 0}, {0.0, 0.0});             // node 3: none
+  DraftTreeBuilder got(5);
+  std::vector<int32_t> chain;
+  SPECD_ASSERT_OK(got.replay(rec.values, 3, 2, &chain));
+  DraftTreeBuilder want(5);  // the same expansions by hand, in the host loop's order
+  SPECD_ASSERT_OK(want.expand(0, V{7, 8}, std::vector<float>{0.75f, 0.25f}));
+  SPECD_ASSERT_OK(want.expand(1, V{9, 10}, std::vector<float>{0.5f, 0.5f}));
+  SPECD_ASSERT_OK(want.expand(2, V{11}, std::vector<float>{1.0f}));
+  SPECD_ASSERT_OK(want.expand(5, V{12, 13}, std::vector<float>{0.5f, 0.25f}));
+  SPECD_ASSERT_OK(want.expand(3, V{}, std::vector<float>{}));
+  ASSERT_EQ(got.size(), want.size());
+  for (int32_t v = 0; v < want.size(); ++v) {
+    EXPECT_EQ(got.parent(v), want.parent(v)) << v;
+    EXPECT_EQ(got.token(v), want.token(v)) << v;
+    EXPECT_EQ(got.depth(v), want.depth(v)) << v;
+    EXPECT_EQ(got.path_prob(v), want.path_prob(v)) << v;
+  }
+  EXPECT_EQ(got.build(4).tokens(), want.build(4).tokens());
+  EXPECT_EQ(chain, (V{0, 1, 3}));  // root, its first child, that one's first child (no children)
+  // Fewer forwards than rows: the growth stops after forward 1.
+  DraftTreeBuilder short_tree(5);
+  SPECD_ASSERT_OK(short_tree.replay(Span<const double>(rec.values.data(), 2 * Record::kRow), 2, 2));
+  EXPECT_EQ(short_tree.size(), 6);
+}
+
+TEST(DraftTreeBuilder, ReplayErrors) {
+  Record rec;
+  rec.candidates(0, 0, {7, 8}, {0.75, 0.25});
+  rec.fed(1, {3});  // names rank 1 of frontier node 1: forward 0 had one node
+  DraftTreeBuilder b(5);
+  EXPECT_EQ(b.replay(rec.values, 3, 2).code(), StatusCode::kInvalidArgument);
+  DraftTreeBuilder sized(5);
+  SPECD_EXPECT_CODE(sized.replay(Span<const double>(rec.values.data(), 5), 1, 2), kInvalidArgument);
+  SPECD_EXPECT_CODE(sized.replay(rec.values, 3, 0), kInvalidArgument);
+  rec.fed(1, {1.5});  // not an index
+  DraftTreeBuilder half(5);
+  SPECD_EXPECT_CODE(half.replay(rec.values, 3, 2), kInvalidArgument);
+  rec.fed(1, {0});
+  DraftTreeBuilder ok(5);
+  SPECD_ASSERT_OK(ok.replay(rec.values, 3, 2));
+  SPECD_EXPECT_CODE(ok.replay(rec.values, 3, 2), kFailedPrecondition);  // it already grew
+}
+
 }  // namespace
 }  // namespace specd::testing

@@ -167,6 +167,24 @@ def test_goodput_sized_trees_through_the_runner(pair, monkeypatch):
     assert sum(o.metrics.accepted_tokens for o in outs) > 0
 
 
+def test_replay_rejects_a_record_that_names_no_candidate():
+    """DraftTreeBuilder.replay (the runner's record into a builder) checks every frontier index
+    against the candidates the forward before produced, with a clear error."""
+    from specd.verification import DraftTreeBuilder
+
+    record = np.zeros((2, 10))  # width 2: [2, 2] tokens, [2, 2] probabilities, [2] frontier
+    record[:, 8:] = -1
+    record[0, :2], record[0, 4:6] = [7, 8], [0.75, 0.25]
+    record[1, 8] = 3  # rank 1 of frontier node 1: forward 0 had only the root
+    with pytest.raises(errors.InvalidArgumentError, match="did not produce"):
+        DraftTreeBuilder(5).replay(record.reshape(-1), 2, 2)
+    record[1, 8] = 1
+    builder = DraftTreeBuilder(5)
+    assert builder.replay(record.reshape(-1), 2, 2).tolist() == [0, 1]
+    parents, depths, tokens = builder.nodes()
+    assert parents.tolist() == [-1, 0, 0] and depths.tolist() == [0, 1, 1] and tokens.tolist() == [5, 7, 8]
+
+
 def test_tree_graph_option_errors(pair):
     target, draft, _, _ = pair
     llm = tree_llm(target, draft, 3, 2, draft_graph=True)

@@ -39,6 +39,23 @@ class DraftTreeBuilder {
   int32_t size() const { return static_cast<int32_t>(tokens_.size()); }
   double path_prob(int32_t node) const { return path_prob_[static_cast<std::size_t>(node)]; }
   int32_t depth(int32_t node) const { return depth_[static_cast<std::size_t>(node)]; }
+  int32_t parent(int32_t node) const { return parents_[static_cast<std::size_t>(node)]; }  // root: -1
+  int32_t token(int32_t node) const { return tokens_[static_cast<std::size_t>(node)]; }
+
+  // Grows a builder that holds only its root from the record of a tree grown on the device
+  // (python/specd/engine/draft_tree_graph.py), with the expansions a host loop makes, in its
+  // order. record: float64 [forwards, 2 w^2 + w] (w = width), row j holding
+  //   [w][w] candidate tokens, then [w][w] their probabilities: entry (f, r) is rank r of the
+  //       node forward j fed at frontier position f (row 0: the root's, at f = 0);
+  //   [w] the frontier forward j fed: flat indices f * w + r into row j - 1's candidates, -1
+  //       none (row 0: unused).
+  // A node's candidates are its leading entries with probability > 0 (best first). Forward j's
+  // frontier nodes are expanded in order; an empty frontier ends the growth. chain (optional)
+  // gets the draft's greedy chain: the root, then the first candidate of each chain node that
+  // has one. Errors (kInvalidArgument, nothing kept past the failing expansion): a builder
+  // that already grew, sizes, a frontier index that names no candidate.
+  Status replay(Span<const double> record, int32_t forwards, int32_t width,
+                std::vector<int32_t>* chain = nullptr);
 
   // The tree of the `budget` best draft nodes. kept[i] (optional) = builder node of tree node i;
   // probs (optional) = path_prob of each tree node (root 1).

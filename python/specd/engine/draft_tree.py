@@ -152,28 +152,17 @@ class _Growth:
 
     def replay(self, record: np.ndarray) -> None:
         """Grows the tree from a draft tree graph runner's record of this request, float64
-        ``[k, 2 w w + w]`` (draft_tree_graph.py: per forward j, the candidates of the nodes it
+        ``[>= k, 2 w w + w]`` (draft_tree_graph.py: per forward j, the candidates of the nodes it
         fed, ``[w, w]`` tokens then probabilities, row 0 the root's; then ``[w]`` the nodes
         forward j fed, as flat indices into forward j - 1's candidates, -1 none): the same
-        expansions in the same order as the host loop, so the same builder nodes."""
-        w = self.width
-        ww = w * w
-        tokens = record[:, :ww].astype(np.int32).reshape(-1, w, w)
-        probs = record[:, ww:2 * ww].astype(np.float32).reshape(-1, w, w)
-        counts = np.count_nonzero(probs > 0, axis=-1).tolist()  # [k][w]: valid candidates come first
-        selected = record[:, 2 * ww:].astype(np.int64).tolist()
-        firsts = [len(self.builder)]  # builder node of each fed node's first candidate
-        self._add(0, tokens[0, 0, :counts[0][0]], probs[0, 0, :counts[0][0]])
-        for j in range(1, self.item.k):
-            frontier = [firsts[c // w] + c % w for c in selected[j] if c >= 0]
-            if not frontier:
-                break
-            self.fed.extend(frontier)
-            firsts = []
-            for f, node in enumerate(frontier):
-                firsts.append(len(self.builder))
-                c = counts[j][f]
-                self._add(node, tokens[j, f, :c], probs[j, f, :c])
+        expansions in the same order as the host loop, so the same builder nodes, made in C++
+        (DraftTreeBuilder.replay, draft_tree_builder.h). ``fed`` stays empty (the host loop's)."""
+        k = self.item.k
+        chain = self.builder.replay(np.ascontiguousarray(record[:k]).reshape(-1), k, self.width)
+        parents, depths, tokens = self.builder.nodes()
+        self.parent, self.depth, self.token = parents.tolist(), depths.tolist(), tokens.tolist()
+        self.chain = int(chain[-1])
+        self.on_chain = set(chain.tolist())
 
 
 @dataclass
