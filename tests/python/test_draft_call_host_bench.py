@@ -1,18 +1,13 @@
 """bench/draft_call_host.py runs end to end for chains and trees: one row per case, positive
 host times, per step = per call / k."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "draft_call_host.py"
+from bench_scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("draft_call_host", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/draft_call_host.py")
 
 
 def test_draft_call_host_bench_reports_every_case(tmp_path):

@@ -1,18 +1,13 @@
 """bench/host_step.py runs end to end: rows for every case, host time outside the device work,
 and the engine's outputs under null forwards are what they must be (every draft accepted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "host_step.py"
+from bench_scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("host_step", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench/host_step.py")
 
 
 def test_host_step_bench_reports_every_case(tmp_path):

@@ -2,27 +2,16 @@
 run is timed with its shape, and the fit (the controller's OverheadModel) writes what the
 load benchmark's --gpu-profile reads as host_ms."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import torch
 
+from bench_scripts import load_script
 from specd.engine.timer import HostTime, MeasuredProfile
-
-GPU_BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu"
 
 
 def _load():
-    sys.path.insert(0, str(GPU_BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("profile_forwards", GPU_BENCH / "profile_forwards.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(GPU_BENCH))
+    return load_script("bench/gpu/profile_forwards.py")
 
 
 def test_host_time_by_step_shape_is_measured_and_fitted(tmp_path):

@@ -1,0 +1,22 @@
+"""Loads the repository's benchmark scripts (bench/*.py, bench/gpu/*.py) as modules for the
+tests that run them end to end."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_script(relative: str):
+    """The script at ``REPO / relative`` as a module; its directory is on sys.path while it
+    loads (scripts import their neighbours)."""
+    path = REPO / relative
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(path.parent))
