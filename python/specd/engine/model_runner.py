@@ -265,6 +265,9 @@ def _finish_with_graph(graph, items: list[WorkItem], sampled: Optional[list[list
         tokens, probs = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None
         rows = tokens.T.tolist()  # the one host sync, after the loop
         drafts = [row[:it.k] for row, it in zip(rows, items)]
+        if probs is not None and not any(it.request.params.greedy for it in items):
+            kept = probs.clone()  # the runner's buffers are reused: one copy for the whole batch
+            return drafts, [kept[:it.k, i] for i, it in enumerate(items)]
         return drafts, [None if it.request.params.greedy else probs[:it.k, i].clone()  # buffers are reused
                         for i, it in enumerate(items)]
     first = torch.stack([s[0] for s in sampled])  # [n] forward 0's tokens, on the device
