@@ -103,11 +103,7 @@ class _Growth:
     def expand(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
         """Adds the candidates (one row of _children) of an unexpanded node."""
         keep = probs > 0
-        self._add(node, tokens[keep], probs[keep])
-
-    def _add(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
-        """Adds the children ``tokens`` (int32, best first) with probabilities ``probs`` (float32,
-        all > 0) of an unexpanded node."""
+        tokens, probs = tokens[keep], probs[keep]
         first = len(self.builder)
         self.builder.expand(node, tokens, probs)
         n = len(tokens)

@@ -120,7 +120,6 @@ class DraftTreeGraphRunner(DraftGraphRunner):
         if not isinstance(width, int) or not 2 <= width <= 8:
             raise InvalidArgumentError(f"the draft tree graph needs a tree width in [2, 8], got {width!r}")
         self.width = width
-        self.cluster = kernels_of(model).cluster_rows
 
     @staticmethod
     def _param_words(params) -> tuple:
@@ -251,7 +250,7 @@ class DraftTreeGraphRunner(DraftGraphRunner):
         w = self.width
         batch, fanout = parent_path.shape
         params = buf.params if fanout == 1 else buf.params.repeat_interleave(fanout, dim=0)
-        tokens, probs = tree_children(logits, params, w, self.cluster)  # [B F, <= w]
+        tokens, probs = tree_children(logits, params, w, kernels_of(self.model).cluster_rows)  # [B F, <= w]
         if tokens.shape[1] < w:  # a vocabulary smaller than the width
             pad = w - tokens.shape[1]
             tokens = torch.nn.functional.pad(tokens, (0, pad))
