@@ -20,7 +20,7 @@ const SpecOption* option_of(const SpecRequest& r, int32_t option) {
 // Tokens of request option `opt` in draft forward j (1-based; header, "Model of one step").
 int64_t draft_forward_tokens(const SpecOption& opt, std::size_t j) {
   if (j == 1) return opt.draft_base_tokens;
-  return opt.draft_width > 1 ? static_cast<int64_t>(j - 1) * opt.draft_width : 1;
+  return opt.draft_width;
 }
 
 // The quantity optimize_goodput maximizes (goodput_optimizer.h, "Objective").

@@ -119,13 +119,17 @@ void bind_tree(py::module_& m) {
       "flattened (draft_tree_builder.h); returns the draft's greedy chain (builder nodes, root first).")
       .def("nodes", [](const DraftTreeBuilder& b) {
         std::vector<int32_t> parents, depths, tokens;
+        std::vector<double> path_probs;
         for (int32_t v = 0; v < b.size(); ++v) {
           parents.push_back(b.parent(v));
           depths.push_back(b.depth(v));
           tokens.push_back(b.token(v));
+          path_probs.push_back(b.path_prob(v));
         }
-        return py::make_tuple(to_numpy(std::move(parents)), to_numpy(std::move(depths)), to_numpy(std::move(tokens)));
-      }, "(parents, depths, tokens) int32 [size] of every node (the root's parent: -1)")
+        return py::make_tuple(to_numpy(std::move(parents)), to_numpy(std::move(depths)), to_numpy(std::move(tokens)),
+                              to_numpy(std::move(path_probs)));
+      }, "(parents, depths, tokens, path_probs): int32 [size] of every node (the root's parent: -1), and "
+         "float64 [size] its path_prob (the root's 1)")
       .def("build", [](const DraftTreeBuilder& b, int32_t budget) {
         std::vector<int32_t> kept;
         std::vector<float> probs;

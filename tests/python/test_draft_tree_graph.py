@@ -181,8 +181,9 @@ def test_replay_rejects_a_record_that_names_no_candidate():
     record[1, 8] = 1
     builder = DraftTreeBuilder(5)
     assert builder.replay(record.reshape(-1), 2, 2).tolist() == [0, 1]
-    parents, depths, tokens = builder.nodes()
+    parents, depths, tokens, path_probs = builder.nodes()
     assert parents.tolist() == [-1, 0, 0] and depths.tolist() == [0, 1, 1] and tokens.tolist() == [5, 7, 8]
+    assert path_probs.dtype == np.float64 and path_probs.tolist() == [1.0, 0.75, 0.25]
 
 
 def test_tree_graph_option_errors(pair):

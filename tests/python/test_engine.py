@@ -135,6 +135,47 @@ def test_draft_model_trees_are_lossless(models, width, k, nodes):
     assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
 
 
+def test_draft_model_trees_feed_frontiers_with_and_without_a_window(tmp_path_factory, tiny_tokenizer_dir,
+                                                                    monkeypatch):
+    """After the catch-up, each draft-tree forward feeds its new frontier alone (at most w
+    tokens per request), masked over every node fed so far ([q, t]: the earlier nodes' K/V is
+    in the cache), and greedy outputs still equal plain decoding; also for a sliding window
+    shorter than the prompts, measured on the nodes' logical positions."""
+    from specd.engine import draft_tree
+
+    width = 3
+    for window in (None, 6):
+        directory = tmp_path_factory.mktemp(f"tree_frontier_window{window}")
+        make_tiny_model(directory, "mistral", tokenizer_dir=tiny_tokenizer_dir, lm_head_scale=10.0, seed=4,
+                        sliding_window=window)
+        draft = self_draft(directory, tmp_path_factory.mktemp(f"tree_frontier_window{window}_draft"))
+        plain = make_llm(directory)
+        assert plain.target.window == window
+        prompts = prompts_of_mixed_lengths(plain.tokenizer)
+        baseline = [o.token_ids for o in plain.generate(prompts, greedy())]
+        fed = []
+        real_forward = draft_tree.forward
+
+        def spy(model, pool, index, segments, *args, **kw):
+            for seg in segments:
+                if seg.mask is not None:
+                    q, t = seg.mask.shape
+                    fed.append((len(seg.input_ids), q, t, seg.kv_len - t, seg.logits_from))
+                    if window is not None:
+                        assert len(seg.key_positions) == seg.kv_len
+            return real_forward(model, pool, index, segments, *args, **kw)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(draft_tree, "forward", spy)
+            outs = make_llm(directory, draft, "draft", 4, spec=dict(draft_tree_width=width)).generate(prompts, greedy())
+        assert [o.token_ids for o in outs] == baseline
+        assert fed, "no tree forward after a catch-up"
+        for new, q, t, _, logits_from in fed:
+            assert new == q <= width and q <= t and logits_from == 0
+        assert max(t for _, _, t, _, _ in fed) > width  # later forwards see earlier nodes from the cache
+        assert sum(o.metrics.accepted_tokens for o in outs) > 0
+
+
 def test_draft_model_trees_accept_more_per_step_than_chains(models):
     """Same depth, same correlated draft: a tree of width 2 accepts more drafts per verify
     step than the chain (its extra nodes are the draft's next most probable candidates)."""

@@ -71,6 +71,83 @@ def test_tree_attention_and_kv_write_match_the_torch_backend(seed):
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("seed,window", [(0, None), (1, None), (2, 3), (3, 5)])
+def test_a_tree_fed_in_two_forwards_attends_as_one(seed, window):
+    """A tree's nodes fed in two forwards, the second masked over every node fed so far
+    (AttentionMetadata.masks of shape [q, t]; tree_attention's tree_lens), attend exactly as
+    the whole tree fed at once: through TorchPagedAttention (also with a sliding window on
+    the nodes' logical positions, history then root position + depth), and through the
+    kernel's CPU reference with tree_lens (no window)."""
+    rng = np.random.default_rng(100 + seed)
+    trees, hist, kv_lens, table, kc, vc, q_heads = random_batch(rng, group=1 + seed % 2, max_drafts=12)
+    kv_heads, dim, bs = kc.shape[2], kc.shape[3], kc.shape[1]
+    sizes = [len(t) for t in trees]
+    cuts = [int(rng.integers(0, n)) for n in sizes]  # the first forward feeds nodes [0, cut)
+    masks = [bool_mask(t) for t in trees]
+    total = sum(sizes)
+    q = torch.from_numpy(rng.standard_normal((total, q_heads, dim)).astype(np.float32))
+    k = torch.from_numpy(rng.standard_normal((total, kv_heads, dim)).astype(np.float32))
+    v = torch.from_numpy(rng.standard_normal((total, kv_heads, dim)).astype(np.float32))
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    slot = lambda s, p: int(table[s, p // bs]) * bs + p % bs  # noqa: E731
+    table64 = torch.from_numpy(table.astype(np.int64))
+
+    def run(part):
+        """Rows [lo, hi) of each tree: (output, the rows' global indices, query_start, kv_lens, masks)."""
+        rows, q_start, lens, part_masks, slots, positions, keys = [], [0], [], [], [], [], []
+        for s, (n, cut) in enumerate(zip(sizes, cuts)):
+            lo, hi = part(n, cut)
+            rows.extend(range(starts[s] + lo, starts[s] + hi))
+            slots.extend(slot(s, hist[s] + m) for m in range(lo, hi))
+            q_start.append(q_start[-1] + hi - lo)
+            lens.append(hist[s] + hi)
+            part_masks.append(masks[s][lo:hi, :hi])
+            logical = hist[s] + trees[s].depths  # [n] the nodes' positions
+            positions.extend(logical[lo:hi].tolist())
+            keys.append(torch.tensor(list(range(hist[s])) + logical[:hi].tolist(), dtype=torch.int64))
+        idx = torch.tensor(rows, dtype=torch.int64)
+        meta = AttentionMetadata(query_start=q_start, kv_lens=lens, block_tables=table64,
+                                 slot_mapping=torch.tensor(slots, dtype=torch.int64),
+                                 positions=torch.tensor(positions, dtype=torch.int64), masks=part_masks,
+                                 key_positions=keys if window else None)
+        out = TorchPagedAttention().forward(q[idx], k[idx], v[idx], cache, meta, window)
+        return out, idx, q_start, lens, part_masks
+
+    cache = LayerKV(kc.clone(), vc.clone())
+    whole, _, _, _, _ = run(lambda n, cut: (0, n))
+    cache = LayerKV(kc.clone(), vc.clone())
+    first, first_rows, _, _, _ = run(lambda n, cut: (0, cut))
+    second, second_rows, q_start, lens, part_masks = run(lambda n, cut: (cut, n))
+    got = torch.empty_like(whole)
+    got[first_rows], got[second_rows] = first, second
+    torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-5)
+    if window is not None:
+        return
+
+    # The kernel's reference: the second forward's rows, tree_lens = every node fed so far.
+    bits = np.zeros((len(second_rows), 64), dtype=bool)
+    row = 0
+    for m in part_masks:
+        bits[row:row + m.shape[0], :m.shape[1]] = m.numpy()
+        row += m.shape[0]
+    tree_mask = np.packbits(bits, axis=1, bitorder="little").view("<i8")
+    ref = _core.tree_attention_cpu(q[second_rows].numpy(), cache.k.numpy(), cache.v.numpy(), table,
+                                   np.array(q_start, dtype=np.int32), np.array(lens, dtype=np.int32), tree_mask,
+                                   tree_lens=np.array(sizes, dtype=np.int32), strict=True)
+    np.testing.assert_allclose(ref, second.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_mask_of_the_wrong_shape_is_refused():
+    cache = LayerKV(torch.zeros(4, 4, 1, 8), torch.zeros(4, 4, 1, 8))
+    x = torch.zeros(2, 1, 8)
+    for mask in (torch.ones(2, 1, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool),
+                 torch.ones(2, 6, dtype=torch.bool)):
+        meta = AttentionMetadata(query_start=[0, 2], kv_lens=[5], block_tables=torch.tensor([[0, 1]]),
+                                 slot_mapping=torch.tensor([3, 4]), positions=torch.tensor([3, 4]), masks=[mask])
+        with pytest.raises(errors.InvalidArgumentError, match="mask of shape"):
+            TorchPagedAttention().forward(x, x, x, cache, meta, None)
+
+
 def test_kv_compact_matches_an_out_of_place_gather():
     rng = np.random.default_rng(7)
     layers, pages, bs, heads, dim = 3, 12, 4, 2, 5

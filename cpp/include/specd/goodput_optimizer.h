@@ -11,7 +11,7 @@
 // - The target verifies sum_i (base_i + k_i) tokens in one forward:
 //   T_target = target.predict(that sum).
 // - Requests with a draft model run a draft loop of K = max k_i forwards. Forward j processes
-//   one token of each request with k_i >= j ((j - 1) w for a draft tree of width w), except
+//   one token of each request with k_i >= j (w for a draft tree of width w), except
 //   the first forward, which processes each such request's catch-up tokens (draft_base_i).
 //   T_draft = sum_j draft.predict(tokens_j).
 // - Host time outside the forwards (overhead_model.h): fixed_seconds for the step, plus what
@@ -81,7 +81,8 @@ struct SpecOption {
   bool uses_draft_model = false;
   int32_t draft_base_tokens = 1;  // tokens in the first draft forward (catch-up), when k > 0
   // 1: a draft chain (draft forward j >= 2 processes one token). w > 1: a draft tree of width
-  // w that re-feeds its nodes (engine/draft_tree.py): forward j >= 2 processes (j - 1) w.
+  // w (engine/draft_tree.py): forward j >= 2 feeds its frontier of w nodes (the nodes fed
+  // before are in the draft's KV cache).
   int32_t draft_width = 1;
 };
 

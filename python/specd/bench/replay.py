@@ -177,22 +177,30 @@ class ReplayModel:
         hashes: list[int] = []
         for s in range(meta.num_seqs):
             q0, q1 = meta.query_start[s], meta.query_start[s + 1]
-            history = meta.kv_lens[s] - (q1 - q0)
-            if history > 0:
-                pos = history - 1
+            q, mask = q1 - q0, meta.masks[s]
+            tree = mask.shape[1] if mask is not None else q  # the extent's last keys the mask covers
+            history = meta.kv_lens[s] - tree
+
+            def cached(pos: int) -> int:  # the prefix hash stored at extent position pos
                 hi, lo = cache[int(tables[s, pos // block_size]), pos % block_size, 0].tolist()
-                base = (int(hi) << 24) | int(lo)
-            else:
-                base = _SEED
-            mask = meta.masks[s]
+                return (int(hi) << 24) | int(lo)
+
+            base = cached(history - 1) if history > 0 else _SEED
             local: list[int] = []
-            for j in range(q1 - q0):
+            for j in range(q):
+                own = tree - q + j  # this token's key among the tree's
                 if mask is None:
-                    parent = j - 1
+                    parent = own - 1
                 else:
-                    ancestors = torch.nonzero(mask[j, :j]).flatten()
+                    ancestors = torch.nonzero(mask[j, :own]).flatten()
                     parent = int(ancestors[-1]) if len(ancestors) else -1
-                h = prefix_hash(local[parent] if parent >= 0 else base, ids[q0 + j])
+                if parent < 0:
+                    prev = base
+                elif parent < tree - q:  # a tree node fed by an earlier forward
+                    prev = cached(history + parent)
+                else:
+                    prev = local[parent - (tree - q)]
+                h = prefix_hash(prev, ids[q0 + j])
                 local.append(h)
                 slot = slots[q0 + j]
                 if slot >= 0:

@@ -5,12 +5,14 @@ depth k per request, EAGLE-2 style, with the C++ DraftTreeBuilder
 Per request, with width w and depth k:
 - forward 0 is the chain's catch-up (model_runner.catch_up_segment); the root's w most
   probable children are the first frontier;
-- forward j = 1..k-1 feeds every node fed so far plus the w most probable unexpanded nodes of
-  the deepest depth (DraftTreeBuilder.frontier; the draft's greedy path, the chain a width
-  of 1 would propose, always among them), under a tree mask (each node sees the history
-  and its own ancestors), and expands each new node into its w most probable children. Re-feeding earlier nodes keeps the mask within the forward's new tokens, which is
-  what the attention takes; a node keeps its KV slot (the catch-up's, then one per fed node
-  in feeding order), so the draft writes at most (k - 1) w slots past its catch-up;
+- forward j = 1..k-1 feeds the w most probable unexpanded nodes of the deepest depth
+  (DraftTreeBuilder.frontier; the draft's greedy path, the chain a width of 1 would propose,
+  always among them) and expands each into its w most probable children. Each fed node sees
+  the history and its own ancestors: a mask over every node fed so far, whose K/V the
+  earlier forwards wrote (AttentionMetadata.masks of width t, tree_attention.h's
+  ``tree_lens``), so a forward costs w tokens, not every node fed so far. A node keeps its KV
+  slot (the catch-up's, then one per fed node in feeding order), so the draft writes at most
+  (k - 1) w slots past its catch-up;
 - the tree verified is the item's `nodes` best nodes by path probability
   (DraftTreeBuilder.build) under a static k, or the nodes the policy's ``size_trees``
   picks from every grown node's path probability and parent (the goodput policy ranks
@@ -126,25 +128,28 @@ class _Growth:
             frontier[-1] = self.chain
         return frontier
 
-    def segment(self, frontier: list[int]) -> tuple[Segment, int]:
-        """The next forward's segment (every fed node plus the new ``frontier``) and how many
-        frontier nodes it adds (their logits are its last rows)."""
+    def segment(self, frontier: list[int]) -> Segment:
+        """The next forward's segment: the new ``frontier`` nodes alone (one logits row each),
+        under a mask over every node fed so far (the tree's part of the extent: the earlier
+        nodes' K/V is in the cache from the forwards that fed them)."""
         self.fed.extend(frontier)
         req, item = self.item.request, self.item
         index = {node: i for i, node in enumerate(self.fed)}
-        n = len(self.fed)
-        mask = torch.zeros(n, n, dtype=torch.bool)
-        for i, node in enumerate(self.fed):
+        n, w = len(self.fed), len(frontier)
+        mask = torch.zeros(w, n, dtype=torch.bool)
+        for i, node in enumerate(frontier):
             while node != 0:
                 mask[i, index[node]] = True
                 node = self.parent[node]
-        tokens = [self.token[node] for node in self.fed]
-        positions = [req.length - 1 + self.depth[node] for node in self.fed]
-        slots = item.draft_slots[item.draft_catch_up:item.draft_catch_up + n]
-        keys = torch.tensor(list(range(req.length)) + positions, dtype=torch.int64) if self.windowed else None
-        seg = Segment(req.id, torch.tensor(tokens, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64),
-                      slots, req.length + n, mask, key_positions=keys, logits_from=n - len(frontier))
-        return seg, len(frontier)
+        positions = [req.length - 1 + self.depth[node] for node in frontier]
+        slots = item.draft_slots[item.draft_catch_up + n - w:item.draft_catch_up + n]
+        keys = None
+        if self.windowed:  # every key's logical position: the history, then the fed nodes
+            keys = torch.tensor(list(range(req.length)) + [req.length - 1 + self.depth[v] for v in self.fed],
+                                dtype=torch.int64)
+        return Segment(req.id, torch.tensor([self.token[v] for v in frontier], dtype=torch.int64),
+                       torch.tensor(positions, dtype=torch.int64), slots, req.length + n, mask, key_positions=keys,
+                       logits_from=0)
 
     def replay(self, record: np.ndarray) -> None:
         """Grows the tree from a draft tree graph runner's record of this request, float64
@@ -155,7 +160,7 @@ class _Growth:
         (DraftTreeBuilder.replay, draft_tree_builder.h). ``fed`` stays empty (the host loop's)."""
         k = self.item.k
         chain = self.builder.replay(np.ascontiguousarray(record[:k]).reshape(-1), k, self.width)
-        parents, depths, tokens = self.builder.nodes()
+        parents, depths, tokens, _ = self.builder.nodes()
         self.parent, self.depth, self.token = parents.tolist(), depths.tolist(), tokens.tolist()
         self.chain = int(chain[-1])
         self.on_chain = set(chain.tolist())
@@ -225,9 +230,8 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         active = [g for g, front in fronts if front]
         if not active:
             break
-        planned = [g.segment(front) for g, front in fronts if front]
-        logits = run([seg for seg, _ in planned])
-        new = [(g, node) for g, (_, added) in zip(active, planned) for node in g.fed[len(g.fed) - added:]]
+        logits = run([g.segment(front) for g, front in fronts if front])
+        new = [(g, node) for g, front in fronts for node in front]
         tokens, probs = _children(logits, [g.item for g, _ in new], width, cluster)
         for r, (g, node) in enumerate(new):
             g.expand(node, tokens[r], probs[r])
@@ -244,7 +248,7 @@ def _trees(grow: list[_Growth], items: list[WorkItem], size) -> list[DraftTree]:
             out.append(DraftTree(tree, float(np.sum(path_probs[1:])), chain))
         return out
     # Grown draft nodes are builder nodes 1..n-1; the root (0) is the parent -1.
-    probs = [np.array([g.builder.path_prob(v) for v in range(1, len(g.builder))]) for g in grow]
+    probs = [g.builder.nodes()[3][1:] for g in grow]
     parents = [np.array(g.parent[1:], dtype=np.int32) - 1 for g in grow]
     out = []
     for g, it, (nodes, predicted) in zip(grow, items, size(items, probs, parents)):

@@ -21,7 +21,8 @@ slot run_draft_tree gives it when every frontier is full), mask row = its parent
 own bit, over the request's j w tree nodes. Forward j feeds the w frontier rows of each
 request: ``query_start`` is the constant 0, w, 2w, ..., ``kv_lens`` L + j w and ``tree_lens``
 j w (tree_attention.h: the last j w KV positions are the tree, the queries its last w). The
-host loop instead feeds every node fed so far again (the same attention, up to rounding).
+host loop feeds the same frontiers, packed (no dummy rows), so the attention is the same up to
+rounding.
 Rows of nodes that do not exist (a frontier with fewer than w candidates, a request past its
 own k or whose candidates all had probability 0, a padding request) are dummies: token 0,
 slot -1 (nothing written), an empty mask row (they see the history only; no row sees them,

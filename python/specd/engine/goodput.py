@@ -24,7 +24,7 @@ the request's learned calibration (realised over predicted accepted drafts, shru
 the proposer's). The budget, and
 with it the tree's depth and width, thus follows each request's evidence in each step.
 Draft-model trees (draft_tree_width > 1) get their depth k from the per-depth acceptance
-(with the draft forwards' growing token counts priced), and after the draft grew them, the
+(with the draft forwards' token counts, w per frontier, priced), and after the draft grew them, the
 nodes to verify (size_trees): the draft's most probable path gets the per-depth acceptance,
 other nodes a share scaled by the draft's confidence, calibrated as above. The
 maths is in docs/controller.md.

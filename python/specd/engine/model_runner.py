@@ -42,7 +42,7 @@ class Segment:
     positions: torch.Tensor            # int64 [q]
     slots: np.ndarray                  # int64 [q]
     kv_len: int                        # history + q
-    mask: Optional[torch.Tensor]       # bool [q, q], None = causal
+    mask: Optional[torch.Tensor]       # bool [q, t] over the extent's last t >= q keys, None = causal
     key_positions: Optional[torch.Tensor] = None  # int64 [kv_len], for sliding windows
     logits_from: Optional[int] = None  # rows [logits_from, q) need logits; None: none
 
@@ -66,13 +66,14 @@ def kernel_attention_wanted(model: LlamaModel, segments: list[Segment]) -> bool:
 
 def tree_mask_rows(segments: list[Segment]) -> Optional[np.ndarray]:
     """KernelAttention's ``tree_mask`` for a batch where some segment carries a mask: int64
-    ``[T, words]`` over the batch's new tokens, bit m of row t set when token t may see its
-    segment's new token m (tree_attention.h), words enough for the longest segment. A masked
-    segment's rows are its ``mask`` rows; a causal segment's are causal. None when every
-    segment is causal (the kernel's causal rule needs no mask)."""
+    ``[T, words]`` over the batch's new tokens, bit m of row t set when token t may see node m
+    of its segment's tree (tree_attention.h: the last ``tree_len(s)`` keys of its extent),
+    words enough for the largest tree. A masked segment's rows are its ``mask`` rows; a causal
+    segment's are causal. None when every segment is causal (the kernel's causal rule needs
+    no mask)."""
     if all(s.mask is None for s in segments):
         return None
-    words = max(-(-len(s.input_ids) // 64) for s in segments)
+    words = max(-(-tree_len(s) // 64) for s in segments)
     rows = []
     for s in segments:
         q = len(s.input_ids)
@@ -80,10 +81,16 @@ def tree_mask_rows(segments: list[Segment]) -> Optional[np.ndarray]:
             rows.append(_causal_rows(q, words))
             continue
         bits = np.zeros((q, 64 * words), dtype=bool)
-        bits[:, :q] = s.mask.cpu().numpy()
+        bits[:, :tree_len(s)] = s.mask.cpu().numpy()
         # Little-endian bit order and bytes: bit m of the row is bit m % 64 of word m // 64.
         rows.append(np.packbits(bits, axis=1, bitorder="little").view("<i8"))
     return np.concatenate(rows)
+
+
+def tree_len(segment: Segment) -> int:
+    """The keys a segment's mask covers (the last of its extent): its mask's width, or its new
+    tokens when it is causal."""
+    return segment.mask.shape[1] if segment.mask is not None else len(segment.input_ids)
 
 
 def _causal_rows(q: int, words: int) -> np.ndarray:
@@ -127,6 +134,8 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
         mask = tree_mask_rows(segments)
         if mask is not None:
             meta.tree_mask = torch.from_numpy(mask).to(device)
+        if any(tree_len(s) != len(s.input_ids) for s in segments):  # a tree fed a frontier at a time
+            meta.tree_lens = torch.tensor([tree_len(s) for s in segments], dtype=torch.int32, device=device)
         extra["backend"] = kernel_attention_for(model)
     else:
         tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)

@@ -8,8 +8,12 @@ history followed by the new tokens in the order they were written. Who may atten
 among the new tokens is given per sequence:
 
 - ``masks[i] is None``: causal (prefill chunks, chains);
-- otherwise a bool ``[q_len, q_len]``: ``True`` where new token j may attend to new token m
-  (a token tree's ancestor mask, with the prefix chunk causal before it).
+- otherwise a bool ``[q_len, t]`` with ``q_len <= t <= kv_len``: the mask covers the last
+  ``t`` keys of the extent (a token tree; the new tokens are its last ``q_len`` nodes) and is
+  ``True`` where new token j may attend to key ``kv_len - t + m`` (the tree's ancestor mask,
+  with the prefix chunk causal before it). ``t == q_len`` is a tree fed whole; ``t > q_len``
+  a tree grown a frontier at a time, whose earlier nodes' K/V is in the cache already (the
+  draft tree loop, engine/draft_tree.py; tree_attention.h's ``tree_lens``).
 
 All committed tokens are visible to every new token, except where a sliding window
 hides them. The window is measured on *logical* positions (``key_positions``), because
@@ -29,6 +33,8 @@ from typing import Optional, Protocol
 import torch
 import torch.nn.functional as F
 
+from specd.errors import InvalidArgumentError
+
 
 @dataclass
 class AttentionMetadata:
@@ -39,7 +45,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor      # int64 [B, W] page ids (padded)
     slot_mapping: torch.Tensor      # int64 [T] slot of each new token's K/V (-1: do not write)
     positions: torch.Tensor         # int64 [T] logical (RoPE) position of each new token
-    masks: list[Optional[torch.Tensor]]  # [B] None (causal) or bool [q_len, q_len]
+    masks: list[Optional[torch.Tensor]]  # [B] None (causal) or bool [q_len, t], q_len <= t <= kv_len
     key_positions: Optional[list[Optional[torch.Tensor]]] = None  # [B] int64 [kv_len] for windows
     has_skipped_slots: bool = False  # some slot is -1 (decided on the host: no device sync)
 
@@ -93,8 +99,12 @@ def attention_mask(q_len: int, kv_len: int, mask: Optional[torch.Tensor],
                    query_positions: torch.Tensor, key_positions: Optional[torch.Tensor],
                    sliding_window: Optional[int], device: torch.device) -> Optional[torch.Tensor]:
     """bool ``[q_len, kv_len]`` (True = may attend), or None for plain causal attention with no
-    history (which SDPA's ``is_causal`` handles)."""
-    history = kv_len - q_len
+    history (which SDPA's ``is_causal`` handles). ``mask``: None (causal) or bool ``[q_len, t]``
+    over the last ``t`` keys (AttentionMetadata.masks)."""
+    if mask is not None and not (mask.dim() == 2 and mask.shape[0] == q_len and q_len <= mask.shape[1] <= kv_len):
+        raise InvalidArgumentError(f"a mask of shape {tuple(mask.shape)} for {q_len} new tokens of a {kv_len}-key extent: "
+                         f"want [{q_len}, t] with {q_len} <= t <= {kv_len}")
+    history = kv_len - (mask.shape[1] if mask is not None else q_len)
     if mask is None and history == 0 and sliding_window is None:
         return None
     new = mask if mask is not None else torch.ones(q_len, q_len, dtype=torch.bool, device=device).tril()
