@@ -11,7 +11,7 @@ whole engine.
 --tree-width W (2..8): draft-model trees of width W instead of chains, in three modes: the host
 loop (draft_tree.run_draft_tree: a host read per forward), the tree runner eager and the tree
 runner captured (engine/draft_tree_graph.py: one read per call); the probes wrap
-run_draft_tree and the runner's launch (its call without the record's host read).
+run_draft_tree and the runner's run (its call, without the record's host read).
 
 Models: random-weight Llama-family models with the shapes of the real pair (target like
 Qwen2.5-Coder-1.5B: 28 layers, hidden 1536; draft like 0.5B: 24 layers, hidden 896, 14/2
@@ -235,11 +235,10 @@ class RunnerProbe:
     def reset(self, enabled: bool) -> None:
         self.enabled, self.samples = enabled, []
 
-    def install(self, cls, name: str = "run") -> None:
-        """Wraps the runner's call (cls.run; a tree runner's: cls.launch, its run without the
-        record's host read), cls._fill and torch.cuda.CUDAGraph.replay (this script only)."""
+    def install(self, cls) -> None:
+        """Wraps the runner's call (cls.run: neither runner reads its results to the host in
+        it), cls._fill and torch.cuda.CUDAGraph.replay (this script only)."""
         probe = self
-        self.name = name
         self.real_fill, self.real_replay = cls._fill, torch.cuda.CUDAGraph.replay
 
         def run(runner, items, first_tokens=None, on_forward=None):
@@ -274,7 +273,7 @@ class RunnerProbe:
             probe.replay_us += (time.perf_counter() - t0) * 1e6
             probe.replays += 1
 
-        setattr(cls, name, run)
+        cls.run = run
         cls._fill, torch.cuda.CUDAGraph.replay = fill, replay
 
     def device_us(self, forwards: int) -> Optional[float]:
@@ -288,7 +287,7 @@ class RunnerProbe:
         return start.elapsed_time(end) * 1e3 if steps == forwards else None
 
     def uninstall(self, cls) -> None:
-        setattr(cls, self.name, self.real)
+        cls.run = self.real
         cls._fill, torch.cuda.CUDAGraph.replay = self.real_fill, self.real_replay
 
     def summary(self) -> dict:
@@ -466,20 +465,20 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, target_cfg.vocab_size, (int(n),), generator=gen).tolist()
                for n in torch.randint(16, 200, (max(b for b, _ in sizes),), generator=gen)]
-    if tree_width > 1:  # the engine calls engine.run_draft_tree, the runner's launch: this script only
+    if tree_width > 1:  # the engine calls engine.run_draft_tree, then the tree runner's run: this script only
         from specd.engine import engine as engine_module
         from specd.engine.draft_tree_graph import DraftTreeGraphRunner
 
-        runner_cls, runner_call, calls_of = DraftTreeGraphRunner, "launch", engine_module
-        loop_probe = RunnerProbe(DraftTreeGraphRunner.launch)
+        runner_cls, calls_of = DraftTreeGraphRunner, engine_module
+        loop_probe = RunnerProbe(DraftTreeGraphRunner.run)
         probe = TreeProbe(engine_module.run_draft_tree, dev == "cuda", loop_probe)
         engine_module.run_draft_tree = probe
     else:  # the engine calls model_runner.run_draft: this script only
-        runner_cls, runner_call, calls_of = DraftGraphRunner, "run", model_runner
+        runner_cls, calls_of = DraftGraphRunner, model_runner
         loop_probe = RunnerProbe(DraftGraphRunner.run)
         probe = DraftProbe(model_runner.run_draft, dev == "cuda", loop_probe)
         model_runner.run_draft = probe
-    loop_probe.install(runner_cls, runner_call)
+    loop_probe.install(runner_cls)
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1),

@@ -22,11 +22,16 @@
 #   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
+#   6 profile (opt-in: --stages "... profile") Nsight Compute (ncu, --clock-control none) on one
+#                      call of each sampling case of bench/gpu/profile_sampling.py (speed of
+#                      light, occupancy, warp states, pipes, memory): what bounds the sampling
+#                      passes; report in $OUT/profile.log
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
-# bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage); a short table
-# is printed last.
+# bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage, 9 with both
+# opt-in stages: then leave out bench, as $OUT returns at most 8 files); a short table is
+# printed last.
 #
-# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree"]
+# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree profile"]
 #   --dry-run  print the plan and check the Python side imports (works without a GPU; the
 #              package from $PYTHONPATH when set, else python/ with an in-tree _core)
 #   --quick    fewer sizes / repetitions in the benchmarks
@@ -48,7 +53,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK="--quick" ;;
     --skip-build) STAGES="${STAGES/build/}" ;;
     --stages) shift; STAGES="$1" ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -63,6 +68,14 @@ gtest_source() {
   done
 }
 
+ncu_path() {  # Nsight Compute's command line, on PATH or where CUDA and Nsight install it
+  command -v ncu && return
+  for f in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    if [ -x "$f" ]; then echo "$f"; return; fi
+  done
+  return 1
+}
+
 echo "specd GPU run: stages [$STAGES] quick=${QUICK:-no} python=$PYTHON jobs=$JOBS out=$OUT_DIR"
 if [ "$DRY_RUN" = 1 ]; then
   echo "plan:"
@@ -74,6 +87,8 @@ if [ "$DRY_RUN" = 1 ]; then
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
+  echo "  profile (opt-in): $(ncu_path || echo 'ncu not found here') on bench/gpu/profile_sampling.py:"
+  PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py" --dry-run | sed 's/^/    /' || exit 1
   exit 0
 fi
 
@@ -162,6 +177,23 @@ if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop
       --tree-width 4 --budget-s "$budget" --out "$OUT_DIR/tree"
   else
     note "[bench_draft_tree] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  fi
+fi
+
+if [[ " $STAGES " == *" profile "* ]]; then  # opt-in: hardware counters of the sampling kernels
+  ncu_bin="$(ncu_path || true)"
+  if [ -z "$ncu_bin" ]; then
+    note "[profile] skipped: ncu not found"
+  elif [ $(( TOTAL_S - SECONDS )) -lt 60 ]; then
+    note "[profile] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  else
+    : > "$OUT_DIR/profile.log"
+    stage profile profile $(( TOTAL_S - SECONDS - 20 > 240 ? 240 : TOTAL_S - SECONDS - 20 )) "$ncu_bin" \
+      --clock-control none --nvtx --nvtx-include "profile/" --section SpeedOfLight --section Occupancy \
+      --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py"
+    grep -E "profile/|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per" \
+      "$OUT_DIR/profile.log" | head -60 | tee -a "$SUMMARY"
   fi
 fi
 

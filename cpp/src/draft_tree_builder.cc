@@ -39,7 +39,7 @@ Status DraftTreeBuilder::expand(int32_t node, Span<const int32_t> tokens, Span<c
 }
 
 Status DraftTreeBuilder::replay(Span<const double> record, int32_t forwards, int32_t width,
-                                std::vector<int32_t>* chain) {
+                                std::vector<int32_t>* chain, std::vector<int32_t>* fed) {
   if (size() != 1 || expanded_[0])
     return error_status(StatusCode::kFailedPrecondition, "replay: the builder already grew (", size(), " nodes)");
   if (width < 1 || forwards < 1)
@@ -52,6 +52,7 @@ Status DraftTreeBuilder::replay(Span<const double> record, int32_t forwards, int
   std::vector<int32_t> tokens(w);
   std::vector<float> probs(w);
   if (chain) chain->assign(1, 0);
+  if (fed) fed->assign(static_cast<std::size_t>(forwards - 1) * w, -1);
   int32_t chain_node = 0;
   // Expands `node` with entry row `f` of forward `j`; returns its first child and count.
   auto grow = [&](std::size_t j, std::size_t f, int32_t node, int32_t* first, int32_t* count) -> Status {
@@ -86,8 +87,9 @@ Status DraftTreeBuilder::replay(Span<const double> record, int32_t forwards, int
         return error_status(StatusCode::kInvalidArgument, "replay: forward ", j, " fed candidate ", selected[f],
                             ", which forward ", j - 1, " did not produce");
       int32_t first = 0, count = 0;
-      SPECD_RETURN_IF_ERROR(grow(static_cast<std::size_t>(j), next_firsts.size(), firsts[parent_slot] + rank,
-                                 &first, &count));
+      const int32_t node = firsts[parent_slot] + rank;
+      if (fed) (*fed)[static_cast<std::size_t>(j - 1) * w + f] = node;
+      SPECD_RETURN_IF_ERROR(grow(static_cast<std::size_t>(j), next_firsts.size(), node, &first, &count));
       next_firsts.push_back(first);
       next_counts.push_back(count);
     }

@@ -111,12 +111,13 @@ void bind_tree(py::module_& m) {
       }, py::arg("node"))
       .def("__len__", &DraftTreeBuilder::size)
       .def("replay", [](DraftTreeBuilder& b, const InArray<double>& record, int32_t forwards, int32_t width) {
-        std::vector<int32_t> chain;
-        check(b.replay(as_span(record, "record"), forwards, width, &chain));
-        return to_numpy(std::move(chain));
+        std::vector<int32_t> chain, fed;
+        check(b.replay(as_span(record, "record"), forwards, width, &chain, &fed));
+        return py::make_tuple(to_numpy(std::move(chain)), to_numpy(std::move(fed)));
       }, py::arg("record"), py::arg("forwards"), py::arg("width"),
       "Grows the builder (root only) from a device-grown tree's record, float64 [forwards, 2 w^2 + w] "
-      "flattened (draft_tree_builder.h); returns the draft's greedy chain (builder nodes, root first).")
+      "flattened (draft_tree_builder.h); returns (the draft's greedy chain: builder nodes, root first; "
+      "int32 [(forwards - 1) w] the builder node fed at each of the runner's KV positions, -1 none).")
       .def("nodes", [](const DraftTreeBuilder& b) {
         std::vector<int32_t> parents, depths, tokens;
         std::vector<double> path_probs;

@@ -193,8 +193,8 @@ TEST(DraftTreeBuilder, ReplayMakesTheHostLoopsExpansions) {
   rec.candidates(2, 0, {12, 13}, {0.5, 0.25});          // node 5 -> 12 (6), 13 (7)
   rec.candidates(2, 1, {0, 0}, {0.0, 0.0});             // node 3: none
   DraftTreeBuilder got(5);
-  std::vector<int32_t> chain;
-  SPECD_ASSERT_OK(got.replay(rec.values, 3, 2, &chain));
+  std::vector<int32_t> chain, fed;
+  SPECD_ASSERT_OK(got.replay(rec.values, 3, 2, &chain, &fed));
   DraftTreeBuilder want(5);  // the same expansions by hand, in the host loop's order
   SPECD_ASSERT_OK(want.expand(0, V{7, 8}, std::vector<float>{0.75f, 0.25f}));
   SPECD_ASSERT_OK(want.expand(1, V{9, 10}, std::vector<float>{0.5f, 0.5f}));
@@ -210,6 +210,12 @@ TEST(DraftTreeBuilder, ReplayMakesTheHostLoopsExpansions) {
   }
   EXPECT_EQ(got.build(4).tokens(), want.build(4).tokens());
   EXPECT_EQ(chain, (V{0, 1, 3}));  // root, its first child, that one's first child (no children)
+  EXPECT_EQ(fed, (V{1, 2, 5, 3}));  // forward 1 fed nodes 1, 2; forward 2 fed 5, 3 (KV positions 0..3)
+  Record one = rec;
+  one.fed(2, {2});  // forward 2 feeds node 5 alone: its second KV position stays empty
+  DraftTreeBuilder narrow(5);
+  SPECD_ASSERT_OK(narrow.replay(one.values, 3, 2, nullptr, &fed));
+  EXPECT_EQ(fed, (V{1, 2, 5, -1}));
   // Fewer forwards than rows: the growth stops after forward 1.
   DraftTreeBuilder short_tree(5);
   SPECD_ASSERT_OK(short_tree.replay(Span<const double>(rec.values.data(), 2 * Record::kRow), 2, 2));

@@ -108,7 +108,10 @@ def test_engine_greedy_with_tree_graph_equals_plain_decoding(pair, monkeypatch, 
     assert [o.metrics.accepted_tokens for o in outs] == [o.metrics.accepted_tokens for o in host_outs]
     assert all(c.used for c in calls if max(c.ks) >= 2)
     assert any(len(c.ks) > 1 for c in calls)  # mixed k (requests near max_tokens)
-    assert any(c.forward0 and len(set(c.counts)) > 1 for c in calls)  # forward 0 in the runner
+    # Forward 0 in the runner. The accepted path's draft KV is kept, so catch-ups are 1 or 2
+    # tokens and rarely differ within a call; the chain runner's tests (test_draft_graph.py)
+    # cover the shared catch-up code with mixed widths.
+    assert any(c.forward0 for c in calls)
     assert any(not c.forward0 for c in calls)  # forward 0 eager (after a prefill)
 
 
@@ -180,7 +183,8 @@ def test_replay_rejects_a_record_that_names_no_candidate():
         DraftTreeBuilder(5).replay(record.reshape(-1), 2, 2)
     record[1, 8] = 1
     builder = DraftTreeBuilder(5)
-    assert builder.replay(record.reshape(-1), 2, 2).tolist() == [0, 1]
+    chain, fed = builder.replay(record.reshape(-1), 2, 2)
+    assert chain.tolist() == [0, 1] and fed.tolist() == [2, -1]  # forward 1 fed node 2 (flat 1: rank 1) first
     parents, depths, tokens, path_probs = builder.nodes()
     assert parents.tolist() == [-1, 0, 0] and depths.tolist() == [0, 1, 1] and tokens.tolist() == [5, 7, 8]
     assert path_probs.dtype == np.float64 and path_probs.tolist() == [1.0, 0.75, 0.25]
@@ -204,7 +208,7 @@ def test_tree_graph_option_errors(pair):
 
 def test_gpu_tree_graph_replay_equals_eager_runner_without_host_sync(pair, monkeypatch, cuda):
     """The captured graphs (the head with or without forward 0, forwards 1..k-1) record what the
-    runner's eager code records, bit for bit, and a launch (inputs filled and uploaded, graphs
+    runner's eager code records, bit for bit, and a run (inputs filled and uploaded, graphs
     replayed) does not synchronise with the host; greedy outputs equal plain decoding."""
     target, draft, prompts, _ = pair
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -213,23 +217,23 @@ def test_gpu_tree_graph_replay_equals_eager_runner_without_host_sync(pair, monke
     runner = llm.draft_graph
     assert runner.capture
     eager = DraftTreeGraphRunner(llm.draft, llm.pool, replace(runner.config, capture=False), 3)
-    real_launch, checked = runner.launch, []
+    real_run, checked = runner.run, []
 
-    def launch(items, first_logits=None, on_forward=None):
-        want = eager.launch(items, first_logits).clone()
+    def run(items, first_logits=None, on_forward=None):
+        want = eager.run(items, first_logits).clone()
         width = 0 if first_logits is not None else runner.catch_up_width(items)
         runner._graphs_for(runner.bucket(len(items)), width, max(it.k for it in items), False)  # capture
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got = real_launch(items, first_logits, on_forward)
+            got = real_run(items, first_logits, on_forward)
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert torch.equal(got, want)
         checked.append(width)
         return got
 
-    monkeypatch.setattr(runner, "launch", launch)
+    monkeypatch.setattr(runner, "run", run)
     assert [o.token_ids for o in llm.generate(prompts, greedy)] == baseline
     sampled = SamplingParams(temperature=0.8, top_k=2, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3)
     llm.generate(prompts, sampled)

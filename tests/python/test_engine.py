@@ -103,7 +103,8 @@ def test_token_trees_are_lossless(models):
 def test_draft_model_trees_are_lossless(models, width, k, nodes):
     """The draft model grows token trees (draft_tree_width > 1): greedy outputs equal plain
     decoding, the trees branch, every step's tree stays within its node budget, and the
-    KV pages match the committed lengths after every step (tree drafts' KV is not kept)."""
+    KV pages match the committed lengths after every step (the accepted path's draft KV is
+    kept, the rest of the tree's dropped)."""
     _, target, draft, prompts, baseline = models
     spec = dict(draft_tree_width=width, max_tree_nodes=nodes)
     llm = make_llm(target, draft, "draft", k, block_size=4, spec=spec)
@@ -174,6 +175,45 @@ def test_draft_model_trees_feed_frontiers_with_and_without_a_window(tmp_path_fac
             assert new == q <= width and q <= t and logits_from == 0
         assert max(t for _, _, t, _, _ in fed) > width  # later forwards see earlier nodes from the cache
         assert sum(o.metrics.accepted_tokens for o in outs) > 0
+
+
+def test_draft_model_trees_keep_the_accepted_paths_draft_kv(models, monkeypatch):
+    """After verification the accepted path's draft KV (its fed nodes, moved next to the
+    catch-up) becomes the draft's history, as a chain's accepted drafts' does: the next
+    catch-up is 1 or 2 tokens instead of every accepted token again, and the draft proposes
+    the same trees as when it drops that KV and re-feeds the accepted tokens."""
+    from specd.engine import draft_tree
+
+    _, target, draft, prompts, baseline = models
+
+    def run(keep: bool):
+        llm = make_llm(target, draft, "draft", 4, spec=dict(draft_tree_width=2))
+        trees, catch_ups = [], {}
+        propose = llm.engine._propose
+
+        def spy(items, *args):
+            out = propose(items, *args)
+            for it in items:
+                if it.k > 0:
+                    trees.append((it.request.id, out[0][it.request.id].tokens.tolist()))
+                    catch_ups.setdefault(it.request.id, []).append(it.draft_catch_up)
+            return out
+
+        llm.engine._propose = spy
+        with monkeypatch.context() as patch:
+            if not keep:
+                patch.setattr(draft_tree.DraftTree, "fed_path", lambda self, path: np.zeros(0, dtype=np.int64))
+            outs = llm.generate(prompts, greedy())
+        assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+        later = [n for ups in catch_ups.values() for n in ups[1:]]  # after each request's first step
+        return [o.token_ids for o in outs], trees, later, sum(o.metrics.accepted_tokens for o in outs)
+
+    kept_out, kept_trees, kept_catch_ups, accepted = run(True)
+    fed_out, fed_trees, fed_catch_ups, _ = run(False)
+    assert kept_out == fed_out == baseline
+    assert kept_trees == fed_trees  # the moved KV is what the catch-up would have computed
+    assert accepted > 0 and max(kept_catch_ups) <= 2
+    assert sum(kept_catch_ups) < sum(fed_catch_ups)
 
 
 def test_draft_model_trees_accept_more_per_step_than_chains(models):

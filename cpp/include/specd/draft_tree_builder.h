@@ -52,10 +52,12 @@ class DraftTreeBuilder {
   // A node's candidates are its leading entries with probability > 0 (best first). Forward j's
   // frontier nodes are expanded in order; an empty frontier ends the growth. chain (optional)
   // gets the draft's greedy chain: the root, then the first candidate of each chain node that
-  // has one. Errors (kInvalidArgument, nothing kept past the failing expansion): a builder
-  // that already grew, sizes, a frontier index that names no candidate.
+  // has one. fed (optional) gets [(forwards - 1) w] the builder node forward j fed at frontier
+  // position f, at (j - 1) w + f (the runner's KV layout: the node's draft KV slot), -1 where
+  // none. Errors (kInvalidArgument, nothing kept past the failing expansion): a builder that
+  // already grew, sizes, a frontier index that names no candidate.
   Status replay(Span<const double> record, int32_t forwards, int32_t width,
-                std::vector<int32_t>* chain = nullptr);
+                std::vector<int32_t>* chain = nullptr, std::vector<int32_t>* fed = nullptr);
 
   // The tree of the `budget` best draft nodes. kept[i] (optional) = builder node of tree node i;
   // probs (optional) = path_prob of each tree node (root 1).

@@ -22,8 +22,9 @@ Per request, with width w and depth k:
 top-p, min-p; plain softmax, temperature 1, for greedy requests), by one
 specd::sampling_probs call per forward for all rows, so candidates are deterministic: verify
 them without draft rows (one-hot proposals), which is lossless for greedy and sampled
-requests alike. Only the catch-up's draft KV is kept; the accepted tokens are fed again as
-the next step's catch-up. The draft's greedy chain is marked in each tree: the policy's
+requests alike. After verification the draft keeps the catch-up's KV and the accepted path's
+(DraftTree.fed_path: its fed nodes' K/V, moved by the engine next to the catch-up), as a
+chain keeps its accepted drafts', so the next catch-up is one or two tokens. The draft's greedy chain is marked in each tree: the policy's
 per-depth acceptance hears how far that chain was accepted (DraftTree.chain_result), so it
 stays the acceptance of the chain that a width of 1 would propose.
 
@@ -101,6 +102,7 @@ class _Growth:
         self.token: list[int] = [item.request.tokens[-1]]
         self.chain = 0  # the deepest node of the draft's greedy path (most probable child each time)
         self.on_chain = {0}  # every node of that path
+        self.slot: dict[int, int] = {}  # fed node -> its draft KV slot past the catch-up (item.draft_slots)
 
     def expand(self, node: int, tokens: np.ndarray, probs: np.ndarray) -> None:
         """Adds the candidates (one row of _children) of an unexpanded node."""
@@ -115,6 +117,10 @@ class _Growth:
         self.parent.extend([node] * n)
         self.depth.extend([self.depth[node] + 1] * n)
         self.token.extend(tokens.tolist())
+
+    def fed_slots(self, nodes: list[int]) -> np.ndarray:
+        """int64 draft KV slots (past the catch-up) of builder ``nodes``, -1 for those never fed."""
+        return np.array([self.slot.get(v, -1) for v in nodes], dtype=np.int64)
 
     def next_frontier(self, depth: int) -> list[int]:
         """The nodes forward ``depth`` feeds: the ``width`` most probable candidates at that
@@ -132,6 +138,7 @@ class _Growth:
         """The next forward's segment: the new ``frontier`` nodes alone (one logits row each),
         under a mask over every node fed so far (the tree's part of the extent: the earlier
         nodes' K/V is in the cache from the forwards that fed them)."""
+        self.slot.update((node, len(self.fed) + i) for i, node in enumerate(frontier))
         self.fed.extend(frontier)
         req, item = self.item.request, self.item
         index = {node: i for i, node in enumerate(self.fed)}
@@ -157,9 +164,11 @@ class _Growth:
         fed, ``[w, w]`` tokens then probabilities, row 0 the root's; then ``[w]`` the nodes
         forward j fed, as flat indices into forward j - 1's candidates, -1 none): the same
         expansions in the same order as the host loop, so the same builder nodes, made in C++
-        (DraftTreeBuilder.replay, draft_tree_builder.h). ``fed`` stays empty (the host loop's)."""
+        (DraftTreeBuilder.replay, draft_tree_builder.h). ``fed`` stays empty (the host loop's);
+        ``slot`` gets the runner's KV layout (forward j's frontier position f at (j - 1) w + f)."""
         k = self.item.k
-        chain = self.builder.replay(np.ascontiguousarray(record[:k]).reshape(-1), k, self.width)
+        chain, fed = self.builder.replay(np.ascontiguousarray(record[:k]).reshape(-1), k, self.width)
+        self.slot = {int(node): i for i, node in enumerate(fed.tolist()) if node >= 0}
         parents, depths, tokens, _ = self.builder.nodes()
         self.parent, self.depth, self.token = parents.tolist(), depths.tolist(), tokens.tolist()
         self.chain = int(chain[-1])
@@ -168,13 +177,25 @@ class _Growth:
 
 @dataclass
 class DraftTree:
-    """A draft tree to verify, what it predicts, and which of its nodes are the draft's greedy
+    """A draft tree to verify, what it predicts, which of its nodes are the draft's greedy
     chain (the root and the most probable child of each chain node; the engine reports the
-    chain's part to the policy's per-depth acceptance)."""
+    chain's part to the policy's per-depth acceptance), and where the draft wrote each node's
+    K/V."""
 
     tree: TokenTree
     predicted: float        # summed path probability of its drafts, or what size_trees said
     chain: frozenset[int]   # tree node indices on the draft's greedy path (the root included)
+    fed: np.ndarray         # int64 [len(tree)]: each node's draft KV slot past the catch-up, -1 if never fed
+
+    def fed_path(self, path: np.ndarray) -> np.ndarray:
+        """The draft KV slots (past the catch-up) of an accepted root-to-node ``path``'s drafts
+        whose K/V the draft wrote: ``path[1:]`` up to its first node never fed (only the last
+        accepted node can be one: every other has children, so it was fed; depth-k nodes
+        never are). Moved to the slots right after the catch-up, they are the next step's
+        draft history, as a chain's accepted drafts are."""
+        slots = self.fed[np.asarray(path[1:], dtype=np.int64)]
+        missing = np.flatnonzero(slots < 0)
+        return slots[:missing[0]] if len(missing) else slots
 
     def chain_result(self, path: np.ndarray) -> tuple[int, int]:
         """(chain drafts verified, of them accepted) for an accepted root-to-node ``path``."""
@@ -214,7 +235,7 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         first = None
         if graph.catch_up_width(items) is None:  # a catch-up wider than its buffers: forward 0 here
             first = run([catch_up_segment(it) for it in items])
-        record = graph.run(items, first, on_forward)  # [k, n, record]: the call's one host read
+        record = graph.run(items, first, on_forward).cpu().numpy()  # [k, n, record]: the call's one host read
         grow = [_Growth(it, width, False) for it in items]
         for i, g in enumerate(grow):
             g.replay(record[:, i])
@@ -245,7 +266,7 @@ def _trees(grow: list[_Growth], items: list[WorkItem], size) -> list[DraftTree]:
         for g, it in zip(grow, items):
             tree, kept, path_probs = g.builder.build(it.nodes)
             chain = frozenset(i for i, v in enumerate(kept.tolist()) if v in g.on_chain)
-            out.append(DraftTree(tree, float(np.sum(path_probs[1:])), chain))
+            out.append(DraftTree(tree, float(np.sum(path_probs[1:])), chain, g.fed_slots(kept.tolist())))
         return out
     # Grown draft nodes are builder nodes 1..n-1; the root (0) is the parent -1.
     probs = [g.builder.nodes()[3][1:] for g in grow]
@@ -256,5 +277,6 @@ def _trees(grow: list[_Growth], items: list[WorkItem], size) -> list[DraftTree]:
         for v in nodes[:it.nodes]:  # most valuable first: parents before children
             node = v + 1
             index[node] = tree.add_node(index[g.parent[node]], g.token[node])
-        out.append(DraftTree(tree, predicted, frozenset(i for v, i in index.items() if v in g.on_chain)))
+        out.append(DraftTree(tree, predicted, frozenset(i for v, i in index.items() if v in g.on_chain),
+                             g.fed_slots(list(index))))  # index: builder nodes in tree node order
     return out

@@ -36,7 +36,8 @@ float64 as the builder multiplies; invalid: probability 0, or parent not fed), t
 index (a stable descending sort); if the draft's greedy chain continues (rank 0 of the chain's
 node is valid) and is not among them, it replaces the last one.
 
-What the host reads, once per call: ``record`` float64 ``[k, B, 2 w w + w]``; row j of a
+What the host reads, once per call (run returns it on the device; run_draft_tree copies it):
+``record`` float64 ``[k, B, 2 w w + w]``; row j of a
 request holds forward j's candidates (``[w, w]`` tokens, then ``[w, w]`` probabilities; row 0:
 the root's in the first w) and the frontier forward j fed (flat candidate indices of forward
 j - 1, -1 none). ``_Growth.replay`` expands a DraftTreeBuilder in the host loop's order from it,
@@ -127,19 +128,15 @@ class DraftTreeGraphRunner(DraftGraphRunner):
         return tree_param_words(params)
 
     def run(self, items: Sequence[WorkItem], first_logits: Optional[torch.Tensor] = None,
-            on_forward: Optional[Callable[[int, Callable[[], object], int], object]] = None) -> np.ndarray:
+            on_forward: Optional[Callable[[int, Callable[[], object], int], object]] = None) -> torch.Tensor:
         """Grows the trees of ``items`` (k = the largest item.k; ``accepts`` true). ``first_logits``
         None (``catch_up_width(items)`` not None): forward 0 runs here too; else float32
         ``[n, vocab]`` on the device are the root logits of an eager forward 0.
-        Returns the record ``[k, n, record_width(w)]`` (module doc), read to the host in one
-        copy after the last forward. ``on_forward(tokens, run, keys)``: once per forward as in
+        Returns the record float64 ``[k, n, record_width(w)]`` (module doc) on the device, a view
+        of the runner's buffers (valid until its next run), as DraftGraphRunner.run returns
+        its tokens: nothing in the call synchronises with the host (run_draft_tree reads the
+        record in one copy). ``on_forward(tokens, run, keys)``: once per forward as in
         run_draft_tree; the first call runs everything (a graph replay cannot be split)."""
-        return self.launch(items, first_logits, on_forward).cpu().numpy()  # the call's one host read
-
-    def launch(self, items: Sequence[WorkItem], first_logits: Optional[torch.Tensor] = None,
-               on_forward: Optional[Callable[[int, Callable[[], object], int], object]] = None) -> torch.Tensor:
-        """``run`` without the host read: the record as a view of the runner's buffers on the
-        device (valid until its next run). Nothing in it synchronises with the host."""
         n, steps = len(items), max(it.k for it in items)
         width = 0
         if first_logits is None:

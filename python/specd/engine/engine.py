@@ -259,10 +259,21 @@ class Engine:
                                  torch.from_numpy(it.target_slots[base + 1:base + 1 + accepted]))
         self.pool.blocks.commit(req.id, base + 1 + accepted, model=TARGET)
         req.computed[TARGET] += base + 1 + accepted
-        if it.draft_slots is not None:  # the draft wrote KV for its catch-up and drafts 1..k-1
-            # Chains keep the accepted drafts' KV; trees only the catch-up's (draft_tree.py).
-            chain = self.scheduler.config.draft_tree_width == 1
-            keep = it.draft_catch_up + (min(accepted, it.k - 1) if chain else 0)
+        if it.draft_slots is not None:  # the draft wrote KV for its catch-up and its fed drafts
+            # The catch-up's KV and the accepted drafts' the draft wrote (a chain: drafts
+            # 1..k-1, in place; a tree: the accepted path's fed nodes, moved next to the
+            # catch-up) become its history; the rest is dropped by the commit.
+            drafted = self._draft_trees.get(req.id)
+            if drafted is None:
+                kept = min(accepted, it.k - 1)
+            else:
+                fed = drafted.fed_path(out.path)
+                kept = len(fed)
+                src = it.draft_slots[it.draft_catch_up + fed]
+                dst = it.draft_slots[it.draft_catch_up:it.draft_catch_up + kept]
+                if not np.array_equal(src, dst):
+                    self.pool.copy_slots(DRAFT, torch.from_numpy(src), torch.from_numpy(dst))
+            keep = it.draft_catch_up + kept
             self.pool.blocks.commit(req.id, keep, model=DRAFT)
             req.computed[DRAFT] += keep
         self._record(it, tree, accepted, out.path)

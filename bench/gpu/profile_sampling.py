@@ -1,0 +1,101 @@
+"""The sampling kernels' cases for a hardware-counter profile (Nsight Compute), run by
+``bench/gpu/run.sh``'s opt-in ``profile`` stage under ``ncu --nvtx --nvtx-include profile/``.
+
+Issue 7's unmet target "sampling within 2x of a device-memory-bandwidth bound" needs to know
+what bounds the passes (docs/benchmarks.md: temperature sampling 35x, top-p 107x its bound at
+64 rows of 151,936). Each case below makes one call inside the NVTX range ``profile/<case>``
+(after one call outside it, so module loading and first-call work are not profiled), so ncu
+profiles exactly one launch per case and its report names the case in the NVTX stack:
+
+  greedy            sample_tokens, 64 rows bf16, temperature 0 (cluster per row)
+  temperature       sample_tokens, 64 rows bf16, temperature 0.8 (cluster per row)
+  temperature_1blk  the same with one thread block per row
+  top_p             sample_tokens, 64 rows bf16, top-p 0.9 (cluster per row)
+  draft_row         sample_tokens_and_probs, 1 row bf16, temperature 0.8 (cluster per row: the
+                    draft loop's call)
+
+Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profile/" --section
+SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases. Here:
+``--smoke-cpu`` runs every case at a tiny vocabulary on the CPU references (checks the script;
+profiles nothing), ``--dry-run`` lists the cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+import torch
+
+CASES = {  # name: (rows, temperature, top_p, cluster, with probabilities)
+    "greedy": (64, 0.0, 1.0, True, False),
+    "temperature": (64, 0.8, 1.0, True, False),
+    "temperature_1blk": (64, 0.8, 1.0, False, False),
+    "top_p": (64, 1.0, 0.9, True, False),
+    "draft_row": (1, 0.8, 1.0, True, True),
+}
+VOCAB = 151936
+
+
+def case_call(name: str, dev: torch.device, vocab: int, dtype: torch.dtype) -> Callable[[], object]:
+    """The op call of case ``name`` on fresh random logits (``[rows, vocab]`` x 4, seeded)."""
+    import specd.ops as ops
+
+    rows, temp, top_p, cluster, with_probs = CASES[name]
+    g = torch.Generator(device=dev).manual_seed(0)
+    logits = (torch.randn(rows, vocab, device=dev, generator=g) * 4).to(dtype)
+    params = ops.pack_sampling_params(torch.full((rows,), temp, device=dev), torch.zeros(rows, device=dev),
+                                      torch.full((rows,), top_p, device=dev), torch.zeros(rows, device=dev))
+    keys = ops.pack_rng_keys(torch.tensor(7, device=dev), torch.arange(rows, device=dev), torch.tensor(1, device=dev),
+                             torch.arange(rows, device=dev))
+    if with_probs:
+        return lambda: ops.sample_tokens_and_probs(logits, params, keys, cluster=cluster)
+    return lambda: ops.sample_tokens(logits, params, keys, cluster=cluster)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
+    ap.add_argument("--smoke-cpu", action="store_true", help="tiny vocabulary on the CPU references")
+    ap.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    args = ap.parse_args(argv)
+    names = [c for c in args.cases.split(",") if c]
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        ap.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
+    if args.dry_run:
+        for c in names:
+            rows, temp, top_p, cluster, with_probs = CASES[c]
+            print(f"{c}: {'sample_tokens_and_probs' if with_probs else 'sample_tokens'} {rows} x {VOCAB} bf16, "
+                  f"temperature {temp}, top-p {top_p}, {'cluster' if cluster else 'one block'} per row")
+        return 0
+    if args.smoke_cpu:
+        dev, vocab, dtype = torch.device("cpu"), 512, torch.float32
+    else:
+        if not torch.cuda.is_available():
+            print("profile_sampling: no CUDA device (use --smoke-cpu to check the script here)", file=sys.stderr)
+            return 2
+        dev, vocab, dtype = torch.device("cuda"), VOCAB, torch.bfloat16
+    for name in names:
+        call = case_call(name, dev, vocab, dtype)
+        call()  # outside the range: first-call work is not profiled
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("profile")
+            torch.cuda.nvtx.range_push(name)
+        out = call()
+        if dev.type == "cuda":
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.nvtx.range_pop()
+            torch.cuda.synchronize()
+        status = out[-1]
+        if bool(status.any()):
+            print(f"{name}: a row's status is {status.tolist()}", file=sys.stderr)
+            return 1
+        print(f"{name}: one call profiled" if dev.type == "cuda" else f"{name}: ran on the CPU reference", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
