@@ -141,12 +141,11 @@ class _Growth:
         self.slot.update((node, len(self.fed) + i) for i, node in enumerate(frontier))
         self.fed.extend(frontier)
         req, item = self.item.request, self.item
-        index = {node: i for i, node in enumerate(self.fed)}
         n, w = len(self.fed), len(frontier)
         mask = torch.zeros(w, n, dtype=torch.bool)
         for i, node in enumerate(frontier):
             while node != 0:
-                mask[i, index[node]] = True
+                mask[i, self.slot[node]] = True  # its slot is its index among the fed nodes
                 node = self.parent[node]
         positions = [req.length - 1 + self.depth[node] for node in frontier]
         slots = item.draft_slots[item.draft_catch_up + n - w:item.draft_catch_up + n]
