@@ -203,6 +203,19 @@ def test_tree_graph_option_errors(pair):
     assert isinstance(tree_llm(target, draft, 3, 1, draft_graph=True).draft_graph, DraftGraphRunner)
 
 
+def test_the_tree_runner_is_the_default_wherever_runners_are(pair, monkeypatch):
+    """draft_graph=None turns the runner on where _graph_wanted says so (a supported draft on a
+    CUDA device), for trees as for chains: validated on an H100 (2026-11-27), trees are no
+    longer left on the host loop by default."""
+    import specd.engine.llm as llm_module
+
+    target, draft, _, _ = pair
+    assert tree_llm(target, draft, 3, 2).draft_graph is None  # CPU: the host loop
+    monkeypatch.setattr(llm_module, "_graph_wanted", lambda flag, model, timer: flag is None or bool(flag))
+    assert isinstance(tree_llm(target, draft, 3, 2).draft_graph, DraftTreeGraphRunner)
+    assert tree_llm(target, draft, 3, 2, draft_graph=False).draft_graph is None
+
+
 # ---- GPU ----
 
 
@@ -213,9 +226,9 @@ def test_gpu_tree_graph_replay_equals_eager_runner_without_host_sync(pair, monke
     target, draft, prompts, _ = pair
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     baseline = [o.token_ids for o in specd.LLM(target, device="cuda").generate(prompts, greedy)]
-    llm = tree_llm(target, draft, 4, 3, device="cuda", draft_graph=True)
+    llm = tree_llm(target, draft, 4, 3, device="cuda")  # the default on CUDA: the tree runner, captured
     runner = llm.draft_graph
-    assert runner.capture
+    assert isinstance(runner, DraftTreeGraphRunner) and runner.capture
     eager = DraftTreeGraphRunner(llm.draft, llm.pool, replace(runner.config, capture=False), 3)
     real_run, checked = runner.run, []
 

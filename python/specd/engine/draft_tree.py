@@ -31,7 +31,7 @@ stays the acceptance of the chain that a width of 1 would propose.
 This host loop reads each forward's candidates on the host (one sync per forward). On CUDA
 its forwards attend with the tree-attention kernel, the tree masks as the kernel's tree_mask
 rows (model_runner.forward). With a DraftTreeGraphRunner (draft_tree_graph.py; LLM's
-``draft_graph=True``) the same growth runs on the device, graph-capturable, with one host read
+``draft_graph``, on by default on CUDA) the same growth runs on the device, graph-capturable, with one host read
 per call; _Growth.replay rebuilds the builder from its record, so the trees are the host loop's.
 Candidates are ranked by ``tree_children`` in both.
 

@@ -19,9 +19,10 @@
 // [num_tokens, q_heads, max_splits, head_dim + 2] partial states and is not needed when
 // max_splits is 1.
 //
-// Status: compiled, checked against the CPU reference by tests that need a GPU
-// (test_tree_attention_cuda.cc), not yet validated or timed on one. The engine's default stays
-// the per-head kernel (cuda/tree_attention.h), which was validated and timed on an H100.
+// Status: checked against the CPU reference on an H100 (test_tree_attention_cuda.cc) and timed
+// there (docs/benchmarks.md, "Fifth GPU session"): the engine takes it for forwards of many
+// query tokens (KernelChoice grouped_attention "auto"), the per-head kernel
+// (cuda/tree_attention.h) below.
 //
 // All pointers are device pointers. Returns cudaSuccess, cudaErrorInvalidValue when
 // validate_tree_attention_grouped_launch fails, or the launch error. Keys without a slot are
