@@ -15,7 +15,10 @@ profiles exactly one launch per case and its report names the case in the NVTX s
                     draft loop's call)
 
 Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profile/" --section
-SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases. Here:
+SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases.
+``--time`` times the cases instead (no profiler; warm caches): device µs per call from CUDA
+events around runs of ``--calls`` calls, the median of ``--reps`` runs, one line per case.
+Here:
 ``--smoke-cpu`` runs every case at a tiny vocabulary on the CPU references (checks the script;
 profiles nothing), ``--dry-run`` lists the cases.
 """
@@ -59,6 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated, of: " + ", ".join(CASES))
     ap.add_argument("--smoke-cpu", action="store_true", help="tiny vocabulary on the CPU references")
     ap.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    ap.add_argument("--time", action="store_true", help="time the cases (median device µs per call) instead")
+    ap.add_argument("--reps", type=int, default=7, help="--time: runs per case (median)")
+    ap.add_argument("--calls", type=int, default=20, help="--time: calls per run")
     args = ap.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
@@ -77,6 +83,8 @@ def main(argv=None) -> int:
             print("profile_sampling: no CUDA device (use --smoke-cpu to check the script here)", file=sys.stderr)
             return 2
         dev, vocab, dtype = torch.device("cuda"), VOCAB, torch.bfloat16
+    if args.time:
+        return time_cases(names, dev, vocab, dtype, args.reps, args.calls)
     for name in names:
         call = case_call(name, dev, vocab, dtype)
         call()  # outside the range: first-call work is not profiled
@@ -94,6 +102,41 @@ def main(argv=None) -> int:
             print(f"{name}: a row's status is {status.tolist()}", file=sys.stderr)
             return 1
         print(f"{name}: one call profiled" if dev.type == "cuda" else f"{name}: ran on the CPU reference", flush=True)
+    return 0
+
+
+def time_cases(names, dev: torch.device, vocab: int, dtype: torch.dtype, reps: int, calls: int) -> int:
+    """Median device (CUDA events; on the CPU wall-clock) µs per call of each case, printed as
+    ``<case>: <µs> us per call (median of <reps> runs of <calls>)``."""
+    import statistics
+    import time
+
+    if reps < 1 or calls < 1:
+        print("profile_sampling: --reps and --calls must be >= 1", file=sys.stderr)
+        return 2
+    for name in names:
+        call = case_call(name, dev, vocab, dtype)
+        out = call()
+        if bool(out[-1].any()):
+            print(f"{name}: a row's status is {out[-1].tolist()}", file=sys.stderr)
+            return 1
+        runs = []
+        for _ in range(reps):
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                for _ in range(calls):
+                    call()
+                end.record()
+                end.synchronize()
+                runs.append(start.elapsed_time(end) * 1e3 / calls)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    call()
+                runs.append((time.perf_counter() - t0) * 1e6 / calls)
+        print(f"{name}: {statistics.median(runs):.1f} us per call (median of {reps} runs of {calls})", flush=True)
     return 0
 
 

@@ -18,14 +18,17 @@ constexpr int kClusterThreads = 256;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
-template <class Row, class B>
+template <class Row, bool kSharedPlan, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
+  __shared__ specd::detail::RowPlan shared_plan;
+  specd::detail::RowPlan local_plan;
+  specd::detail::RowPlan& plan = kSharedPlan ? shared_plan : local_plan;
   const SamplingParams row_params = params[r];
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
-  const SampleStatus s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token);
+  const SampleStatus s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
   if (block.rank() == 0) {
     tokens[r] = token;
     status[r] = static_cast<int32_t>(s);
@@ -33,9 +36,12 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
 }
 
 // rng and tokens null: probabilities only; else also the token drawn from each row.
-template <class Row, class B>
+template <class Row, bool kSharedPlan, class B>
 __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                           const RngKey* rng, int32_t* tokens, float* probs, int32_t* status) {
+  __shared__ specd::detail::RowPlan shared_plan;
+  specd::detail::RowPlan local_plan;
+  specd::detail::RowPlan& plan = kSharedPlan ? shared_plan : local_plan;
   const SamplingParams row_params = params[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   RngKey key{};
@@ -43,7 +49,7 @@ __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const Sa
   int32_t token = -1;
   const SampleStatus s = specd::detail::probs_row(block, row, logits.vocab, row_params,
                                                   probs + int64_t{r} * logits.vocab, rng != nullptr ? &key : nullptr,
-                                                  tokens != nullptr ? &token : nullptr);
+                                                  tokens != nullptr ? &token : nullptr, plan);
   if (block.rank() == 0) {
     status[r] = static_cast<int32_t>(s);
     if (tokens != nullptr) tokens[r] = token;
@@ -57,7 +63,7 @@ __global__ void __launch_bounds__(kThreads)
                          int32_t* status) {
   __shared__ Block::Shared shared;
   Block block(&shared);
-  sample_tokens_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
+  sample_tokens_row<Row, false>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
 }
 
 template <class Row>
@@ -66,7 +72,7 @@ __global__ void __launch_bounds__(kThreads)
                           float* probs, int32_t* status) {
   __shared__ Block::Shared shared;
   Block block(&shared);
-  probs_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs, status);
+  probs_row<Row, false>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs, status);
 }
 
 // A cluster of kRowSplitClusterBlocks blocks per row (launched with the cluster dimension
@@ -79,8 +85,8 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  sample_tokens_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
-                         tokens, status);
+  sample_tokens_row<Row, true>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
+                               tokens, status);
   block.finish();
 #endif
 }
@@ -92,8 +98,8 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  probs_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng, tokens,
-                 probs, status);
+  probs_row<Row, true>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng, tokens,
+                       probs, status);
   block.finish();
 #endif
 }

@@ -213,12 +213,19 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
 // sample_token's draw (verify.cc) from a row whose float probabilities are
 // float_prob(i, load(i)) (a double holding a float value): p = float probs * (1 / their sum);
 // target = u * sum(p) with u the final draw at rng.position. `load` is a pure read
-// (for_each_strided batches it).
+// (for_each_strided batches it). `float_partial`, when given, is this thread's sum of the
+// float probabilities in for_each_strided's order (a pass that wrote the row summed it), so
+// the first pass is skipped: the same per-thread sums, the same total.
 template <class Block, class Load, class FloatProb>
 SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, const Load& load,
-                                                     const FloatProb& float_prob, const RngKey& rng, int32_t* token) {
+                                                     const FloatProb& float_prob, const RngKey& rng, int32_t* token,
+                                                     const double* float_partial = nullptr) {
   double local = 0;
-  for_each_strided(b, vocab, load, [&](int32_t i, auto v) { local += float_prob(i, v); });
+  if (float_partial != nullptr) {
+    local = *float_partial;
+  } else {
+    for_each_strided(b, vocab, load, [&](int32_t i, auto v) { local += float_prob(i, v); });
+  }
   const double float_total = b.sum(local);
   if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
   const double inv_float_total = 1.0 / float_total;
@@ -232,11 +239,13 @@ SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, co
 }
 
 // The token sample_token would draw from this row's float probabilities with key `rng`.
+// `plan`: where the row's plan is kept (the kernels pass one in shared memory, shared by the
+// block: every thread writes the same values between the same collectives, and reading it
+// there instead of holding it in registers keeps the passes from spilling).
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
-                                                const RngKey& rng, int32_t* token) {
+                                                const RngKey& rng, int32_t* token, RowPlan& plan) {
   *token = -1;
-  RowPlan plan;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
   if (status != SampleStatus::kOk) return status;
   if (plan.greedy) {  // a one-hot row: the draw always returns its token
@@ -247,22 +256,34 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
     return static_cast<double>(static_cast<float>(row_prob(plan, i, l)));
   }, rng, token);
 }
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                                const RngKey& rng, int32_t* token) {
+  RowPlan plan;
+  return sample_token_row(b, load, vocab, params, rng, token, plan);
+}
 
 // The probability row sampling_probs writes (probs[vocab]); all zeros when status != kOk.
 // With `token` non-null, also the token sample_token draws from that row with key `rng`
 // (sample_token_row's token, drawn from the row just written instead of recomputing it):
 // -1 when status != kOk.
+// `plan`: as sample_token_row's.
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
-                                         float* probs, const RngKey* rng = nullptr, int32_t* token = nullptr) {
+                                         float* probs, const RngKey* rng, int32_t* token, RowPlan& plan) {
   if (token != nullptr) *token = -1;
-  RowPlan plan;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
   if (status != SampleStatus::kOk) {
     for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
     return status;
   }
-  for_each_strided(b, vocab, load, [&](int32_t i, float l) { probs[i] = static_cast<float>(row_prob(plan, i, l)); });
+  // The float total of the draw below, summed as its first pass would (same ids, same order).
+  double float_partial = 0;
+  for_each_strided(b, vocab, load, [&](int32_t i, float l) {
+    const float p = static_cast<float>(row_prob(plan, i, l));
+    probs[i] = p;
+    float_partial += static_cast<double>(p);
+  });
   if (token == nullptr) return status;
   if (plan.greedy) {
     *token = plan.argmax;
@@ -271,7 +292,14 @@ SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t voc
   b.sync();  // the row written above, read back by every thread of the block
   const float* written = probs;
   return draw_from_float_probs(b, vocab, [written](int32_t i) { return written[i]; },
-                               [](int32_t, float p) { return static_cast<double>(p); }, *rng, token);
+                               [](int32_t, float p) { return static_cast<double>(p); }, *rng, token, &float_partial);
+}
+
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                         float* probs, const RngKey* rng = nullptr, int32_t* token = nullptr) {
+  RowPlan plan;
+  return probs_row(b, load, vocab, params, probs, rng, token, plan);
 }
 
 }  // namespace specd::detail
