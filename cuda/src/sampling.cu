@@ -15,6 +15,13 @@ using Block = detail::DeviceBlock<kThreads, kSelectCache>;
 
 // The clustered kernels: kRowSplitClusterBlocks blocks of kClusterThreads threads per row.
 constexpr int kClusterThreads = 256;
+// Blocks per SM the clustered kernels are compiled for (registers: 80 at 3, 64 at 4). Measured
+// on an H100 (docs/benchmarks.md, "Sixth GPU session"): at 4, sample_tokens' 64-row calls fit
+// one wave (64 clusters of 8 blocks) and took 15% less time with temperature, 3% with top-p;
+// the probability rows (the draft loop's 1-8 rows, where occupancy does not matter) keep 3,
+// with fewer spills.
+constexpr int kSampleClusterMinBlocks = 4;
+constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kThreads)
 // by detail::launch_rows; sm_90+ only: the body is empty in code for older GPUs, which
 // cluster_ready() never launches).
 template <class Row>
-__global__ void __launch_bounds__(kClusterThreads, 3)
+__global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
     sample_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
                                  int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -92,7 +99,7 @@ __global__ void __launch_bounds__(kClusterThreads, 3)
 }
 
 template <class Row>
-__global__ void __launch_bounds__(kClusterThreads, 3)
+__global__ void __launch_bounds__(kClusterThreads, kProbsClusterMinBlocks)
     sampling_probs_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng,
                                   int32_t* tokens, float* probs, int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
