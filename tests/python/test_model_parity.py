@@ -51,11 +51,17 @@ def run(ours: LlamaModel, pool: KVCachePool, ids: list[int], positions: list[int
     return logits
 
 
-def test_prefill_matches_hf(pair):
+@pytest.mark.parametrize("products", [None, "torch", "onednn"])
+def test_prefill_matches_hf(pair, products):
+    """With either CPU product (models/cpu_linear.py; None: the default, oneDNN where it runs)."""
     _, hf, ours = pair
     ids = list(np.random.default_rng(0).integers(0, ours.config.vocab_size, 37))
     ids = [int(t) for t in ids]
-    got = run(ours, new_pool(ours), ids, list(range(len(ids))))
+    ours.cpu_linear = products
+    try:
+        got = run(ours, new_pool(ours), ids, list(range(len(ids))))
+    finally:
+        ours.cpu_linear = None
     assert (got - hf_logits(hf, ids)).abs().max() <= TOL
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specd.errors import InvalidArgumentError, ModelLoadError
+from specd.models import cpu_linear
 from specd.models.attention import AttentionBackend, AttentionMetadata, LayerKV, TorchPagedAttention
 from specd.models.config import ModelConfig
 from specd.models.kernel_attention import KernelAttention
@@ -56,13 +57,15 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * self.head_dim, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV,
-                meta: AttentionMetadata, backend: AttentionBackend, window: Optional[int]) -> torch.Tensor:
+                meta: AttentionMetadata, backend: AttentionBackend, window: Optional[int],
+                linear=cpu_linear.torch_linear) -> torch.Tensor:
+        """``linear(x, layer)``: the product function (models/cpu_linear.py)."""
         t = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(t, self.heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.kv_heads, self.head_dim), cos, sin)
-        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)
+        q = apply_rope(linear(x, self.q_proj).view(t, self.heads, self.head_dim), cos, sin)
+        k = apply_rope(linear(x, self.k_proj).view(t, self.kv_heads, self.head_dim), cos, sin)
+        v = linear(x, self.v_proj).view(t, self.kv_heads, self.head_dim)
         out = backend.forward(q, k, v, cache, meta, window)
-        return self.o_proj(out.reshape(t, self.heads * self.head_dim))
+        return linear(out.reshape(t, self.heads * self.head_dim), self.o_proj)
 
     def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: LayerKV,
                       meta: AttentionMetadata, backend: AttentionBackend, window: Optional[int]) -> torch.Tensor:
@@ -94,8 +97,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, linear=cpu_linear.torch_linear) -> torch.Tensor:
+        return linear(F.silu(linear(x, self.gate_proj)) * linear(x, self.up_proj), self.down_proj)
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(torch.ops.specd.silu_mul(F.linear(x, self.gate_up_weight)))
@@ -156,6 +159,11 @@ class LlamaModel(nn.Module):
         #: Which CUDA kernel variants this model's kernel paths take (models/kernel_choice.py;
         #: LLM's ``kernels``): its kernel-attention forwards and, as a draft, its sampled rows.
         self.kernels = KernelChoice()
+        #: The products of the torch forward (models/cpu_linear.py): "onednn", "torch", or None
+        #: (default): oneDNN's inner product on the CPU where it runs, F.linear elsewhere.
+        self.cpu_linear: Optional[str] = None
+        self._linear_key: Optional[tuple] = None  # (device, dtype, cpu_linear) _linear was resolved for
+        self._linear = cpu_linear.torch_linear
         self._fused_key: Optional[tuple] = None  # what fuse_projections last concatenated
 
     @classmethod
@@ -184,6 +192,15 @@ class LlamaModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    def linear_fn(self):
+        """The torch forward's product function ``linear(x, layer)`` (``cpu_linear``, resolved
+        once per device, dtype and choice; models/cpu_linear.py)."""
+        key = (self.device, self.dtype, self.cpu_linear)
+        if self._linear_key != key:
+            self._linear = cpu_linear.linear_for(cpu_linear.resolve(self.cpu_linear, self.device, self.dtype))
+            self._linear_key = key
+        return self._linear
 
     def uses_fused(self) -> bool:
         """Whether forward runs the fused layer kernels (``fused``, module doc)."""
@@ -233,13 +250,14 @@ class LlamaModel(nn.Module):
         if self.uses_fused():
             logits = self._forward_fused(x, cos, sin, meta, kv, logits_indices, backend)
             return logits.float() if logits_out is None else logits_out.copy_(logits)
+        linear = self.linear_fn()
         for layer, cache in zip(self.model.layers, kv):
-            h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, backend, self.window)
+            h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, backend, self.window, linear)
             x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + layer.mlp(layer.post_attention_layernorm(x), linear)
         if logits_indices is not None:
             x = x[logits_indices]
-        logits = self.lm_head(self.model.norm(x))
+        logits = linear(self.model.norm(x), self.lm_head)
         return logits.float() if logits_out is None else logits_out.copy_(logits)
 
     def _forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
