@@ -102,3 +102,15 @@ def test_a_model_takes_its_chosen_products_everywhere(tiny_llama_dir, monkeypatc
     model.cpu_linear = "bad"
     with pytest.raises(InvalidArgumentError, match="got 'bad'"):
         run(model, new_pool(model), ids, list(range(len(ids))))
+
+
+def test_the_benchmark_times_a_forward_with_each_choice(tiny_llama_dir):
+    """bench/cpu_linear.py's forward timing (its real-pair run needs the pair; here a tiny model)."""
+    from bench_scripts import load_script
+
+    script = load_script("bench/cpu_linear.py")
+    model = LlamaModel.from_loaded(load_model(tiny_llama_dir, torch.float32, tokenizer=False))
+    for choice in script.CHOICES:
+        model.cpu_linear = choice
+        assert script.forward_ms(model, 3, 1) > 0
+        assert model.linear_fn() is cpu_linear.linear_for(choice)
