@@ -23,6 +23,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--prompt", default="def quicksort(xs):")
+    ap.add_argument("--dtype", default="float32", help="the models' dtype (LLM's dtype: float32, bfloat16, auto)")
+    ap.add_argument("--cpu-linear", default=None, choices=["onednn", "torch"],
+                    help="the models' CPU products (LlamaModel.cpu_linear; default: their default)")
     args = ap.parse_args(argv)
     import specd
     from specd.hardware import resolve_dtype
@@ -30,7 +33,8 @@ def main(argv=None) -> int:
 
     target, draft = default_pair(resolve_dtype("auto", "cpu"), with_draft=True)
     spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=args.k, draft_tree_width=args.width)
-    llm = specd.LLM(target, draft, spec, device="cpu", max_num_seqs=1)
+    llm = specd.LLM(target, draft, spec, dtype=args.dtype, device="cpu", max_num_seqs=1)
+    llm.target.cpu_linear = llm.draft.cpu_linear = args.cpu_linear
     params = specd.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     engine, fed = llm.engine, [0]
     real_forward = engine.timer.forward
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
         ms.append(t.draft_forward_s / t.steps * 1e3)
         tokens.append(fed[0] / t.steps)
         rates.append(len(out.token_ids) / wall)
-    print(f"width {args.width}, k {args.k}: draft ms/step median {statistics.median(ms):.1f} "
+    print(f"{llm.draft.dtype}, products {llm.draft.linear_fn().__name__}; width {args.width}, k {args.k}: draft ms/step median {statistics.median(ms):.1f} "
           f"({', '.join(f'{x:.0f}' for x in ms)}); draft tokens fed/step {statistics.median(tokens):.1f}; "
           f"tok/s median {statistics.median(rates):.2f}; verify steps {t.steps}; "
           f"accepted {out.metrics.accepted_tokens}")
