@@ -18,6 +18,10 @@ Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profi
 SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases.
 ``--time`` times the cases instead (no profiler; warm caches): device µs per call from CUDA
 events around runs of ``--calls`` calls, the median of ``--reps`` runs, one line per case.
+The calls are eager, so each also pays the op's host work (about 75 µs on the H100 host):
+calls shorter than that measure the host. ``--graph`` captures the ``--calls`` calls in one
+CUDA graph and times its replays instead: device time alone (written after the sixth GPU
+session; not yet run on a GPU).
 Here:
 ``--smoke-cpu`` runs every case at a tiny vocabulary on the CPU references (checks the script;
 profiles nothing), ``--dry-run`` lists the cases.
@@ -65,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--time", action="store_true", help="time the cases (median device µs per call) instead")
     ap.add_argument("--reps", type=int, default=7, help="--time: runs per case (median)")
     ap.add_argument("--calls", type=int, default=20, help="--time: calls per run")
+    ap.add_argument("--graph", action="store_true", help="--time on CUDA: replay the calls as one CUDA graph")
     args = ap.parse_args(argv)
     names = [c for c in args.cases.split(",") if c]
     unknown = [c for c in names if c not in CASES]
@@ -84,7 +89,7 @@ def main(argv=None) -> int:
             return 2
         dev, vocab, dtype = torch.device("cuda"), VOCAB, torch.bfloat16
     if args.time:
-        return time_cases(names, dev, vocab, dtype, args.reps, args.calls)
+        return time_cases(names, dev, vocab, dtype, args.reps, args.calls, args.graph and dev.type == "cuda")
     for name in names:
         call = case_call(name, dev, vocab, dtype)
         call()  # outside the range: first-call work is not profiled
@@ -105,9 +110,27 @@ def main(argv=None) -> int:
     return 0
 
 
-def time_cases(names, dev: torch.device, vocab: int, dtype: torch.dtype, reps: int, calls: int) -> int:
+def captured(call: Callable[[], object], calls: int):
+    """(replay, outputs): ``calls`` calls of ``call`` captured in one CUDA graph (after two
+    warm-up calls on a side stream), and the last call's outputs, refreshed by each replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            out = call()
+    return graph.replay, out
+
+
+def time_cases(names, dev: torch.device, vocab: int, dtype: torch.dtype, reps: int, calls: int,
+               graph: bool = False) -> int:
     """Median device (CUDA events; on the CPU wall-clock) µs per call of each case, printed as
-    ``<case>: <µs> us per call (median of <reps> runs of <calls>)``."""
+    ``<case>: <µs> us per call (median of <reps> runs of <calls>[, CUDA graph])``; ``graph``:
+    the runs replay one CUDA graph of the calls (``captured``)."""
     import statistics
     import time
 
@@ -121,13 +144,18 @@ def time_cases(names, dev: torch.device, vocab: int, dtype: torch.dtype, reps: i
             print(f"{name}: a row's status is {out[-1].tolist()}", file=sys.stderr)
             return 1
         runs = []
+        if graph:
+            replay, out = captured(call, calls)
         for _ in range(reps):
             if dev.type == "cuda":
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 torch.cuda.synchronize()
                 start.record()
-                for _ in range(calls):
-                    call()
+                if graph:
+                    replay()
+                else:
+                    for _ in range(calls):
+                        call()
                 end.record()
                 end.synchronize()
                 runs.append(start.elapsed_time(end) * 1e3 / calls)
@@ -136,7 +164,11 @@ def time_cases(names, dev: torch.device, vocab: int, dtype: torch.dtype, reps: i
                 for _ in range(calls):
                     call()
                 runs.append((time.perf_counter() - t0) * 1e6 / calls)
-        print(f"{name}: {statistics.median(runs):.1f} us per call (median of {reps} runs of {calls})", flush=True)
+        if graph and bool(out[-1].any()):
+            print(f"{name}: a row's status is {out[-1].tolist()} in the graph's replay", file=sys.stderr)
+            return 1
+        print(f"{name}: {statistics.median(runs):.1f} us per call (median of {reps} runs of {calls}"
+              f"{', CUDA graph' if graph else ''})", flush=True)
     return 0
 
 

@@ -25,7 +25,8 @@
 #   6 profile (opt-in: --stages "... profile") Nsight Compute (ncu, --clock-control none) on one
 #                      call of each sampling case of bench/gpu/profile_sampling.py (speed of
 #                      light, occupancy, warp states, pipes, memory): what bounds the sampling
-#                      passes; report in $OUT/profile.log
+#                      passes; report in $OUT/profile.log, then the same cases timed without the
+#                      profiler (profile_sampling.py --time --graph: device µs per call, CUDA-graph replays)
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
 # bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage, 9 with both
 # opt-in stages: then leave out bench, as $OUT returns at most 8 files); a short table is
@@ -87,7 +88,7 @@ if [ "$DRY_RUN" = 1 ]; then
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
-  echo "  profile (opt-in): $(ncu_path || echo 'ncu not found here') on bench/gpu/profile_sampling.py:"
+  echo "  profile (opt-in): $(ncu_path || echo 'ncu not found here') on bench/gpu/profile_sampling.py, then its --time --graph:"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py" --dry-run | sed 's/^/    /' || exit 1
   exit 0
 fi
@@ -194,6 +195,8 @@ if [[ " $STAGES " == *" profile "* ]]; then  # opt-in: hardware counters of the 
       --section MemoryWorkloadAnalysis "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py"
     grep -E "profile/|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per" \
       "$OUT_DIR/profile.log" | head -60 | tee -a "$SUMMARY"
+    stage profile_time profile 60 "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py" --time --graph
+    grep -E "us per call" "$OUT_DIR/profile.log" | tee -a "$SUMMARY"
   fi
 fi
 

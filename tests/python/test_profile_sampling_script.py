@@ -17,6 +17,8 @@ def test_every_case_runs_on_the_cpu_references(capsys):
     assert script.main(["--smoke-cpu", "--time", "--reps", "2", "--calls", "1", "--cases", "greedy,draft_row"]) == 0
     out = capsys.readouterr().out
     assert "greedy: " in out and "draft_row: " in out and "us per call (median of 2 runs of 1)" in out
+    assert script.main(["--smoke-cpu", "--time", "--graph", "--reps", "1", "--calls", "1", "--cases", "top_p"]) == 0
+    assert "top_p: " in (out := capsys.readouterr().out) and "CUDA graph" not in out  # no graph on the CPU
     assert script.main(["--smoke-cpu", "--time", "--reps", "0"]) == 2
     with pytest.raises(SystemExit):
         script.main(["--cases", "nope"])
