@@ -16,8 +16,9 @@ using Block = detail::DeviceBlock<kThreads, kSelectCache>;
 // The clustered kernels: kRowSplitClusterBlocks blocks of kClusterThreads threads per row.
 constexpr int kClusterThreads = 256;
 // Blocks per SM the clustered kernels are compiled for (registers: 80 at 3, 64 at 4). Measured
-// on an H100 (docs/benchmarks.md, "Sixth GPU session"): at 4, sample_tokens' 64-row calls fit
-// one wave (64 clusters of 8 blocks) and took 15% less time with temperature, 3% with top-p;
+// on an H100 (docs/benchmarks.md, "Sixth GPU session"): at 4 (up to 528 resident blocks, where
+// a 64-row call launches 512), sample_tokens' 64-row calls took 15% less time with
+// temperature, 3% with top-p;
 // the probability rows (the draft loop's 1-8 rows, where occupancy does not matter) keep 3,
 // with fewer spills.
 constexpr int kSampleClusterMinBlocks = 4;

@@ -2,10 +2,10 @@
 (``torch.ops.mkldnn._linear_pointwise``, on the model's own weight tensors: no copy, no
 repacking) instead of ``F.linear``, which torch's CPU wheels send to MKL's sgemm.
 
-Why: decoding and verification multiply a few rows by each weight. On the 2-core CI-class
-CPU of docs/benchmarks.md ("oneDNN linears on the CPU"), MKL's sgemm for 2-9 rows cost up to
-5x its one-row cost (it packs the whole weight each call; 3 and 7 rows are its slowest
-shapes), while oneDNN's inner product reads each weight once at any row count: the
+Why: decoding and verification multiply a few rows by each weight. On the 2-core CPU of
+docs/benchmarks.md ("oneDNN linears on the CPU"), MKL's float32 sgemm for 2-9 rows cost up
+to 3.4x its one-row cost (3 and 7 rows were its slowest shapes), while oneDNN's inner product
+cost at most 1.8x its one-row cost, itself 1.3-1.8x cheaper than MKL's: the
 target's LM head (151,936 x 1,536 float32) took 58.8 / 125 / 189 ms for 1 / 2 / 3 rows
 with F.linear and 33.4 / 35.1 / 37.4 ms with oneDNN.
 

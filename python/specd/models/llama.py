@@ -160,7 +160,8 @@ class LlamaModel(nn.Module):
         #: LLM's ``kernels``): its kernel-attention forwards and, as a draft, its sampled rows.
         self.kernels = KernelChoice()
         #: The products of the torch forward (models/cpu_linear.py): "onednn", "torch", or None
-        #: (default): oneDNN's inner product on the CPU where it runs, F.linear elsewhere.
+        #: (default): oneDNN's inner product for float32 on the CPU where it runs, F.linear
+        #: otherwise.
         self.cpu_linear: Optional[str] = None
         self._linear_key: Optional[tuple] = None  # (device, dtype, cpu_linear) _linear was resolved for
         self._linear = cpu_linear.torch_linear
