@@ -1,7 +1,8 @@
 // Sampling reference benchmark: the host time of sampling_probs (sampling.h, the CPU
 // reference of the sampling rules) for one row of a 151,936-token vocabulary, by filter, and
 // of sample_tokens_cpu (sampling_batch.h: the row code the CUDA kernels run, here with one
-// thread, so its time counts the passes and the arithmetic per element the kernels do).
+// thread, so its time counts the passes and the arithmetic per element the kernels do), with
+// the inverse-CDF draw ("row code") and the Gumbel-max draw ("gumbel").
 //
 // Workloads (SYNTHETIC logits, seeded): "flat" is N(0, 2) logits, whose top-p 0.9 nucleus
 // holds about a quarter of the vocabulary; "peaked" adds an LLM-like head of 40 strong
@@ -22,7 +23,7 @@ namespace {
 constexpr const char* kUsage =
     "specd_bench_sampling [--reps N] [--quick] [--json PATH]\n"
     "  Times sampling_probs (the CPU reference) and sample_tokens_cpu (the kernels' row code,\n"
-    "  one thread) on one 151,936-token row per filter setting (median of N repetitions,\n"
+    "  one thread; inverse-CDF and Gumbel-max draws) on one 151,936-token row per filter setting (median of N repetitions,\n"
     "  default 5; --quick: one).";
 
 struct Setting {
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
   w.field("reps", reps);
   w.key("rows");
   w.begin_array();
-  std::printf("%-8s %-34s %10s %14s %8s\n", "logits", "filters", "median ms", "row code ms", "kept");
+  std::printf("%-8s %-34s %10s %14s %14s %8s\n", "logits", "filters", "median ms", "row code ms", "gumbel ms", "kept");
   for (const bool peaked : {false, true}) {
     std::mt19937 gen(1);
     std::normal_distribution<float> normal(0.0f, 2.0f);
@@ -77,31 +78,39 @@ int main(int argc, char** argv) {
         }
         do_not_optimize(out[0]);
       }
-      // The same row through sample_tokens_cpu (sampling_batch.h, SerialBlock).
+      // The same row through sample_tokens_cpu (sampling_batch.h, SerialBlock), with each draw rule.
       const specd::LogitRows rows{logits.data(), specd::LogitsDtype::kFloat32, 1, static_cast<int32_t>(logits.size()),
                                   static_cast<int64_t>(logits.size())};
       const specd::RngKey key{7, 1, 0, 0};
-      std::vector<double> row_ms;
-      for (int r = 0; r < reps; ++r) {
-        int32_t token = -1, row_status = -1;
-        const double t0 = now_ns();
-        const specd::Status status = specd::sample_tokens_cpu(rows, &s.params, &key, &token, &row_status);
-        row_ms.push_back((now_ns() - t0) * 1e-6);
-        if (!status.ok() || row_status != 0) {
-          std::fprintf(stderr, "sample_tokens_cpu failed: %s (row status %d)\n", status.to_string().c_str(), row_status);
-          return 1;
+      const auto time_rows = [&](specd::DrawRule draw, std::vector<double>* row_ms) {
+        for (int r = 0; r < reps; ++r) {
+          int32_t token = -1, row_status = -1;
+          const double t0 = now_ns();
+          const specd::Status status = specd::sample_tokens_cpu(rows, &s.params, &key, &token, &row_status, draw);
+          row_ms->push_back((now_ns() - t0) * 1e-6);
+          if (!status.ok() || row_status != 0) {
+            std::fprintf(stderr, "sample_tokens_cpu failed: %s (row status %d)\n", status.to_string().c_str(),
+                         row_status);
+            return false;
+          }
+          do_not_optimize(token);
         }
-        do_not_optimize(token);
-      }
+        return true;
+      };
+      std::vector<double> row_ms, gumbel_ms;
+      if (!time_rows(specd::DrawRule::kInverseCdf, &row_ms) || !time_rows(specd::DrawRule::kGumbelMax, &gumbel_ms))
+        return 1;
       long long kept = 0;
       for (float p : out) kept += p > 0;
       const char* workload = peaked ? "peaked" : "flat";
-      std::printf("%-8s %-34s %10.2f %14.2f %8lld\n", workload, s.name, median(ms), median(row_ms), kept);
+      std::printf("%-8s %-34s %10.2f %14.2f %14.2f %8lld\n", workload, s.name, median(ms), median(row_ms),
+                  median(gumbel_ms), kept);
       w.begin_object();
       w.field("logits", workload);
       w.field("filters", s.name);
       w.field("median_ms", median(ms));
       w.field("row_code_median_ms", median(row_ms));
+      w.field("gumbel_row_code_median_ms", median(gumbel_ms));
       w.field("kept_tokens", kept);
       w.end_object();
     }

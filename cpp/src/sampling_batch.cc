@@ -2,6 +2,7 @@
 // one-thread block, row after row.
 #include "specd/sampling_batch.h"
 
+#include "specd/detail/gumbel_row.h"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/sample_row.h"
 #include "specd/detail/serial_block.h"
@@ -29,6 +30,12 @@ Status validate_sample_tokens(const LogitRows& logits, const SamplingParams* par
   return Status::Ok();
 }
 
+Status validate_draw_rule(DrawRule draw) {
+  const auto code = static_cast<int32_t>(draw);
+  if (code < 0 || code > 1) return error_status(StatusCode::kInvalidArgument, "sample_tokens: unknown draw rule ", code);
+  return Status::Ok();
+}
+
 Status validate_sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, const float* probs,
                                      const int32_t* status) {
   SPECD_RETURN_IF_ERROR(validate_logit_rows(logits));
@@ -48,14 +55,22 @@ Status validate_sample_tokens_and_probs(const LogitRows& logits, const SamplingP
 }
 
 Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                         int32_t* tokens, int32_t* status) {
+                         int32_t* tokens, int32_t* status, DrawRule draw) {
   SPECD_RETURN_IF_ERROR(validate_sample_tokens(logits, params, rng, tokens, status));
+  SPECD_RETURN_IF_ERROR(validate_draw_rule(draw));
   detail::SerialBlock block;
+  float bounds[detail::kGumbelBuckets];
+  if (draw == DrawRule::kGumbelMax) detail::fill_gumbel_bounds(bounds);
   detail::dispatch_logits_dtype(logits.dtype, [&](auto tag) {
     using Row = decltype(tag);
-    for (int32_t r = 0; r < logits.rows; ++r)
-      status[r] = static_cast<int32_t>(detail::sample_token_row(block, Row::at(logits.data, r * logits.stride),
-                                                                logits.vocab, params[r], rng[r], &tokens[r]));
+    detail::RowPlan plan;
+    for (int32_t r = 0; r < logits.rows; ++r) {
+      const Row row = Row::at(logits.data, r * logits.stride);
+      status[r] = static_cast<int32_t>(
+          draw == DrawRule::kGumbelMax
+              ? detail::gumbel_token_row(block, row, logits.vocab, params[r], rng[r], bounds, &tokens[r], plan)
+              : detail::sample_token_row(block, row, logits.vocab, params[r], rng[r], &tokens[r], plan));
+    }
   });
   return Status::Ok();
 }

@@ -3,6 +3,7 @@
 #include "detail/cluster_block.cuh"
 #include "detail/cluster_launch.cuh"
 #include "detail/device_block.cuh"
+#include "specd/detail/gumbel_row.h"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/sample_row.h"
 
@@ -26,17 +27,28 @@ constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
-template <class Row, bool kSharedPlan, class B>
+// kGumbel: DrawRule::kGumbelMax (each block first fills its copy of the screen table).
+template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
   __shared__ specd::detail::RowPlan shared_plan;
+  __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   specd::detail::RowPlan local_plan;
   specd::detail::RowPlan& plan = kSharedPlan ? shared_plan : local_plan;
   const SamplingParams row_params = params[r];
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
-  const SampleStatus s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
+  SampleStatus s;
+  if constexpr (kGumbel) {
+    for (int32_t k = static_cast<int32_t>(threadIdx.x); k < specd::detail::kGumbelBuckets;
+         k += static_cast<int32_t>(blockDim.x))
+      bounds[k] = specd::detail::gumbel_bucket_bound(k);
+    __syncthreads();
+    s = specd::detail::gumbel_token_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
+  } else {
+    s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
+  }
   if (block.rank() == 0) {
     tokens[r] = token;
     status[r] = static_cast<int32_t>(s);
@@ -65,13 +77,14 @@ __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const Sa
 }
 
 // One block per row. Arguments by value: their pointers are device pointers.
-template <class Row>
+template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     sample_tokens_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
                          int32_t* status) {
   __shared__ Block::Shared shared;
   Block block(&shared);
-  sample_tokens_row<Row, false>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
+  sample_tokens_row<Row, false, kGumbel>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens,
+                                         status);
 }
 
 template <class Row>
@@ -86,15 +99,15 @@ __global__ void __launch_bounds__(kThreads)
 // A cluster of kRowSplitClusterBlocks blocks per row (launched with the cluster dimension
 // by detail::launch_rows; sm_90+ only: the body is empty in code for older GPUs, which
 // cluster_ready() never launches).
-template <class Row>
+template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
     sample_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
                                  int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  sample_tokens_row<Row, true>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
-                               tokens, status);
+  sample_tokens_row<Row, true, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits,
+                                        params, rng, tokens, status);
   block.finish();
 #endif
 }
@@ -115,17 +128,23 @@ __global__ void __launch_bounds__(kClusterThreads, kProbsClusterMinBlocks)
 }  // namespace
 
 bool sampling_clusters_available() {
-  return detail::cluster_ready(sample_tokens_cluster_kernel<specd::detail::Float32Row>);
+  return detail::cluster_ready(sample_tokens_cluster_kernel<specd::detail::Float32Row, false>);
 }
 
 cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                          int32_t* tokens, int32_t* status, cudaStream_t stream, RowSplit split) {
-  if (!validate_sample_tokens(logits, params, rng, tokens, status).ok()) return cudaErrorInvalidValue;
+                          int32_t* tokens, int32_t* status, cudaStream_t stream, RowSplit split, DrawRule draw) {
+  if (!validate_sample_tokens(logits, params, rng, tokens, status).ok() || !validate_draw_rule(draw).ok())
+    return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return detail::launch_rows(split, sample_tokens_kernel<Row>, kThreads, sample_tokens_cluster_kernel<Row>,
-                               kClusterThreads, logits.rows, stream, logits, params, rng, tokens, status);
+    if (draw == DrawRule::kGumbelMax)
+      return detail::launch_rows(split, sample_tokens_kernel<Row, true>, kThreads,
+                                 sample_tokens_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,
+                                 logits, params, rng, tokens, status);
+    return detail::launch_rows(split, sample_tokens_kernel<Row, false>, kThreads,
+                               sample_tokens_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
+                               params, rng, tokens, status);
   });
 }
 

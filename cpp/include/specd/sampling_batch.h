@@ -19,6 +19,14 @@
 //   for bad shapes or pointers (validate_logit_rows).
 // - Logits may be float32, float16 or bfloat16 (raw 16-bit words); 16-bit values are
 //   converted to float exactly and then follow the float32 rules.
+// - How sample_tokens draws a row's token (DrawRule; greedy rows are the argmax either way):
+//   kInverseCdf (the default) is the rule above, the verifier's final draw; kGumbelMax draws
+//   the kept token of largest key l_i / T + g_i, g_i Gumbel noise from Philox bits per token
+//   (detail/gumbel.h states the keys and bits exactly; "kept": probability > 0 under the
+//   rules of sampling.h, in double). Both draw from the same distribution; the same seed
+//   gives different tokens under the two. kGumbelMax reads a row without a cut once, with
+//   no sum: the GPU's tokens equal the CPU's exactly, for any thread layout. Its noise comes
+//   from 52-bit uniforms (gumbel.h).
 #pragma once
 
 #include <cstdint>
@@ -51,12 +59,17 @@ enum class SampleStatus : int32_t {
   kNoFiniteLogit = 3,   // every logit is -inf
 };
 
+// How sample_tokens draws sampled rows' tokens (the rules above).
+enum class DrawRule : int32_t { kInverseCdf = 0, kGumbelMax = 1 };
+
 // Checks shape, dtype and pointer (not the values).
 Status validate_logit_rows(const LogitRows& logits);
 // The checks of each call (its arrays must be non-null when rows > 0), shared by the CPU
 // functions and the CUDA launchers.
 Status validate_sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                               const int32_t* tokens, const int32_t* status);
+// kInverseCdf or kGumbelMax (a value cast from an integer may be neither).
+Status validate_draw_rule(DrawRule draw);
 Status validate_sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, const float* probs,
                                      const int32_t* status);
 Status validate_sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
@@ -64,7 +77,7 @@ Status validate_sample_tokens_and_probs(const LogitRows& logits, const SamplingP
 
 // tokens[r], status[r] for each row r (all arrays [logits.rows], host memory).
 Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                         int32_t* tokens, int32_t* status);
+                         int32_t* tokens, int32_t* status, DrawRule draw = DrawRule::kInverseCdf);
 
 // probs[r * vocab + i] = sampling_probs(row r, params[r])[i]; probs is [rows, vocab] float32,
 // status [rows].

@@ -84,6 +84,7 @@ class ClusterBlock {
   __device__ T min(T v) {
     return across_blocks<false>(local_.min(v), [](T a, T b) { return a < b ? a : b; });
   }
+  __device__ static float warp_max(float v) { return Local::warp_max(v); }  // DeviceBlock's
   __device__ specd::detail::ArgMax argmax(specd::detail::ArgMax v) {
     return across_blocks<false>(local_.argmax(v), [](specd::detail::ArgMax a, specd::detail::ArgMax b) {
       return specd::detail::better(a, b);

@@ -66,6 +66,22 @@ class DeviceBlock {
     return reduce(v, [](specd::detail::ArgMax a, specd::detail::ArgMax b) { return specd::detail::better(a, b); });
   }
   __device__ bool any(bool v) { return __syncthreads_or(v ? 1 : 0) != 0; }
+  // The largest v among this thread's warp (every lane calls it; no barrier, not a
+  // collective of the block). No NaN. Used by the Gumbel-max draw's screen (gumbel_row.h).
+  __device__ static float warp_max(float v) {
+#if __CUDA_ARCH__ >= 800
+    int32_t k = __float_as_int(v);
+    k = k >= 0 ? k : (k ^ 0x7FFFFFFF);  // ordered like the floats
+    k = __reduce_max_sync(kFullMask, k);
+    return __int_as_float(k >= 0 ? k : (k ^ 0x7FFFFFFF));
+#else
+    for (int m = 16; m > 0; m >>= 1) {
+      const float other = __shfl_xor_sync(kFullMask, v, m);
+      v = other > v ? other : v;
+    }
+    return v;
+#endif
+  }
 
   // Sum of v over the threads of lower rank (0 for rank 0).
   template <class T>

@@ -12,13 +12,26 @@
 namespace specd::detail {
 
 // Row readers: logit i of one row as float, for each LogitsDtype. at(data, offset) is the
-// row starting `offset` elements into `data`.
+// row starting `offset` elements into `data`. load8(i0, v): logits i0 .. i0 + 7 (all within
+// the row), on the device with 16-byte loads where data + i0 is 16-byte aligned (the
+// Gumbel-max draw's groups, gumbel_row.h).
 struct Float32Row {
   const float* data;
   SPECD_HOST_DEVICE static Float32Row at(const void* base, int64_t offset) {
     return Float32Row{static_cast<const float*>(base) + offset};
   }
   SPECD_HOST_DEVICE float operator()(int32_t i) const { return data[i]; }
+  SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
+#if defined(__CUDA_ARCH__)
+    if ((reinterpret_cast<uintptr_t>(data + i0) & 15) == 0) {
+      const float4 a = *reinterpret_cast<const float4*>(data + i0);
+      const float4 b = *reinterpret_cast<const float4*>(data + i0 + 4);
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+      return;
+    }
+#endif
+    for (int32_t j = 0; j < 8; ++j) v[j] = data[i0 + j];
+  }
 };
 struct Float16Row {
   const uint16_t* data;
@@ -26,6 +39,20 @@ struct Float16Row {
     return Float16Row{static_cast<const uint16_t*>(base) + offset};
   }
   SPECD_HOST_DEVICE float operator()(int32_t i) const { return half_to_float(data[i]); }
+  SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
+#if defined(__CUDA_ARCH__)
+    if ((reinterpret_cast<uintptr_t>(data + i0) & 15) == 0) {
+      const uint4 w = *reinterpret_cast<const uint4*>(data + i0);
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      for (int32_t j = 0; j < 4; ++j) {
+        v[2 * j] = half_to_float(static_cast<uint16_t>(words[j] & 0xFFFFu));
+        v[2 * j + 1] = half_to_float(static_cast<uint16_t>(words[j] >> 16));
+      }
+      return;
+    }
+#endif
+    for (int32_t j = 0; j < 8; ++j) v[j] = half_to_float(data[i0 + j]);
+  }
 };
 struct BFloat16Row {
   const uint16_t* data;
@@ -33,6 +60,20 @@ struct BFloat16Row {
     return BFloat16Row{static_cast<const uint16_t*>(base) + offset};
   }
   SPECD_HOST_DEVICE float operator()(int32_t i) const { return bfloat16_to_float(data[i]); }
+  SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
+#if defined(__CUDA_ARCH__)
+    if ((reinterpret_cast<uintptr_t>(data + i0) & 15) == 0) {
+      const uint4 w = *reinterpret_cast<const uint4*>(data + i0);
+      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      for (int32_t j = 0; j < 4; ++j) {
+        v[2 * j] = bfloat16_to_float(static_cast<uint16_t>(words[j] & 0xFFFFu));
+        v[2 * j + 1] = bfloat16_to_float(static_cast<uint16_t>(words[j] >> 16));
+      }
+      return;
+    }
+#endif
+    for (int32_t j = 0; j < 8; ++j) v[j] = bfloat16_to_float(data[i0 + j]);
+  }
 };
 
 // Calls fn(Row{}) with the reader type of `dtype` and returns its result (the argument only

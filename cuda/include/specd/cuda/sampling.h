@@ -41,9 +41,13 @@ namespace specd::cuda {
 // sm_90+ code loaded).
 bool sampling_clusters_available();
 
+// draw: how sampled rows draw their token (sampling_batch.h). kGumbelMax reads a row without
+// a top-k / top-p / min-p cut once (no sums: its tokens equal sample_tokens_cpu's exactly);
+// rows with a cut run the selection passes first, then that one pass instead of the draw's
+// three. An unknown rule fails the call (cudaErrorInvalidValue).
 cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                           int32_t* tokens, int32_t* status, cudaStream_t stream,
-                          RowSplit split = RowSplit::kOneBlock);
+                          RowSplit split = RowSplit::kOneBlock, DrawRule draw = DrawRule::kInverseCdf);
 
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
                                  int32_t* status, cudaStream_t stream,

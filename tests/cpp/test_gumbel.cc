@@ -1,0 +1,293 @@
+// The Gumbel-max draw (DrawRule::kGumbelMax, detail/gumbel.h, detail/gumbel_row.h): the
+// deterministic log, the screen's bounds, the row code against a reference that computes
+// every kept token's key without a screen, thread-layout independence, statuses, and the
+// distribution it draws from (chi-square against sampling_probs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "block_manager_test_util.h"
+#include "chi_square.h"
+#include "sampling_batch_test_util.h"
+#include "specd/detail/gumbel_row.h"
+#include "specd/detail/logit_rows.h"
+#include "specd/detail/serial_block.h"
+#include "specd/sampling.h"
+#include "specd/sampling_batch.h"
+#include "threaded_block.h"
+
+namespace specd::testing {
+namespace {
+
+std::vector<float> bounds_table() {
+  std::vector<float> t(detail::kGumbelBuckets);
+  detail::fill_gumbel_bounds(t.data());
+  return t;
+}
+
+TEST(GumbelPieces, DeterministicLogIsWithinAFewUlpsOfLog) {
+  std::mt19937_64 g(1);
+  std::uniform_real_distribution<double> exponent(-1000.0, 1000.0);
+  for (int n = 0; n < 200000; ++n) {
+    const double x = std::pow(2.0, exponent(g)) * (1.0 + 1e-3 * static_cast<double>(g() % 1000));
+    const double want = std::log(x);
+    EXPECT_NEAR(detail::deterministic_log(x), want, 4e-16 * std::fabs(want) + 1e-300) << x;
+  }
+  // Near 1, where the noise's inner log lives (u = 1 - tiny): relative accuracy.
+  for (int k = 1; k < 53; ++k) {
+    const double x = 1.0 - std::ldexp(1.0, -k);
+    EXPECT_NEAR(detail::deterministic_log(x), std::log1p(-std::ldexp(1.0, -k)), 4e-16 * std::ldexp(1.0, -k)) << k;
+  }
+  EXPECT_EQ(detail::deterministic_log(1.0), 0.0);
+}
+
+TEST(GumbelPieces, NoiseIsFiniteAndMonotoneInItsBits) {
+  const uint64_t top = (uint64_t{1} << 52) - 1;
+  EXPECT_NEAR(detail::gumbel_from_bits(top), -std::log(-std::log1p(-std::ldexp(0.5, -52))), 1e-12);
+  EXPECT_LT(detail::gumbel_from_bits(top), 36.8);
+  EXPECT_GT(detail::gumbel_from_bits(0), -4.0);
+  std::mt19937_64 g(2);
+  for (int n = 0; n < 100000; ++n) {
+    const uint64_t a = g() >> 12, b = g() >> 12;
+    if (a < b) EXPECT_LE(detail::gumbel_from_bits(a), detail::gumbel_from_bits(b));
+  }
+}
+
+// Every bucket's entry bounds the noise of every 52-bit value in it, and is close to it
+// where keys compete (the screen rules out most tokens there).
+TEST(GumbelPieces, BucketBoundsHoldAndAreTight) {
+  const std::vector<float> table = bounds_table();
+  for (int32_t b = 1; b < detail::kGumbelBuckets; ++b) EXPECT_LT(table[b], table[b - 1]) << b;
+  std::vector<int> seen(detail::kGumbelBuckets, 0);
+  for (uint32_t hi = 0; hi <= 0xFFFFu; ++hi) {
+    const int32_t b = detail::gumbel_bucket(hi);
+    ASSERT_GE(b, 0);
+    ASSERT_LT(b, detail::kGumbelBuckets);
+    ++seen[b];
+    ASSERT_LE(0xFFFFu - hi, 0xFFFFu);
+    EXPECT_GE(0xFFFFu - hi, detail::gumbel_bucket_floor(b)) << hi;
+    // The largest and smallest 52-bit values with this high half.
+    const uint64_t low_ones = (uint64_t{1} << detail::kGumbelLowBits) - 1;
+    const double g_top = detail::gumbel_from_bits((uint64_t{hi} << detail::kGumbelLowBits) | low_ones);
+    const double g_bottom = detail::gumbel_from_bits(uint64_t{hi} << detail::kGumbelLowBits);
+    EXPECT_GE(static_cast<double>(table[b]), g_top) << hi;
+    // Where the winning noise lives (u >= 1/2, g >= 0.37), the bound is within 0.075 of the
+    // bucket's least noise (the top 16 buckets hold one high half each: their own width).
+    if (hi >= 0x8000u && hi < 0xFFF0u) EXPECT_LT(static_cast<double>(table[b]) - g_bottom, 0.075) << hi;
+  }
+  for (int32_t b = 0; b < detail::kGumbelBuckets; ++b) EXPECT_GT(seen[b], 0) << b;
+}
+
+// screen_upper bounds the exact key for any noise up to the bound, over logits and
+// temperatures from tiny to huge.
+TEST(GumbelPieces, ScreenBoundsTheKey) {
+  std::mt19937_64 g(3);
+  const std::vector<double> temperatures{1e-300, 1e-40, 1e-3, 0.3, 0.9999, 1.0, 1.7, 1e6, 1e300};
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  for (int n = 0; n < 200000; ++n) {
+    const double t = temperatures[g() % temperatures.size()];
+    const detail::GumbelScale scale = detail::gumbel_scale(t);
+    const float scale_l = std::vector<float>{1e-30f, 1e-3f, 1.0f, 30.0f, 3e5f, 3e38f}[g() % 6];
+    const float l = unit(g) * scale_l;
+    const double noise = detail::gumbel_from_bits(g() >> 12);
+    const float bound = detail::float_at_least(noise + (g() % 2 == 0 ? 0.0 : 0.01 * (g() % 100)));
+    EXPECT_GE(static_cast<double>(detail::screen_upper(scale, l, bound)), detail::gumbel_key(scale, l, noise))
+        << "t " << t << " l " << l << " g " << noise;
+  }
+}
+
+// The rule without the screen: every kept token's key, the largest (lowest id on ties).
+int32_t unscreened_gumbel(const float* row, int32_t vocab, const SamplingParams& p, const RngKey& k) {
+  detail::SerialBlock b;
+  detail::RowPlan plan;
+  const detail::Float32Row load{row};
+  if (p.temperature == 0 || detail::has_filters(p)) {
+    if (detail::plan_row(b, load, vocab, p, &plan) != SampleStatus::kOk) return -1;
+    if (plan.greedy) return plan.argmax;
+  }
+  const detail::GumbelScale scale = detail::gumbel_scale(p.temperature);
+  double best = -INFINITY;
+  int32_t id = -1;
+  for (int32_t i = 0; i < vocab; ++i) {
+    if (!(row[i] > -INFINITY)) continue;
+    if (detail::has_filters(p) && !(detail::row_prob(plan, i, row[i]) > 0)) continue;
+    const uint32_t high = detail::philox_half(detail::gumbel_high_bits(k, i / 8), i % 8);
+    const double key = detail::gumbel_key(scale, row[i], detail::gumbel_from_bits(detail::gumbel_bits(k, i, high)));
+    if (key > best) {
+      best = key;
+      id = i;
+    }
+  }
+  return id;
+}
+
+TEST(GumbelRows, MatchTheUnscreenedRuleOnRandomRows) {
+  std::mt19937_64 g(4);
+  for (int32_t vocab : {1, 2, 7, 8, 9, 64, 333, 5000}) {
+    const SamplingCase c = random_sampling_case(&g, 60, vocab);
+    std::vector<int32_t> tokens(static_cast<std::size_t>(c.rows)), st(tokens.size());
+    std::vector<int32_t> icdf_tokens(tokens.size()), icdf_st(tokens.size());
+    SPECD_ASSERT_OK(sample_tokens_cpu(c.view(), c.params.data(), c.keys.data(), tokens.data(), st.data(),
+                                      DrawRule::kGumbelMax));
+    SPECD_ASSERT_OK(sample_tokens_cpu(c.view(), c.params.data(), c.keys.data(), icdf_tokens.data(), icdf_st.data()));
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      ASSERT_EQ(st[ur], icdf_st[ur]) << "vocab " << vocab << " row " << r;  // the same validation
+      if (st[ur] != 0) {
+        EXPECT_EQ(tokens[ur], -1);
+        continue;
+      }
+      const float* row = c.logits.data() + r * c.stride;
+      EXPECT_EQ(tokens[ur], unscreened_gumbel(row, vocab, c.params[ur], c.keys[ur])) << "vocab " << vocab << " row " << r;
+      if (c.params[ur].temperature == 0) EXPECT_EQ(tokens[ur], icdf_tokens[ur]);
+      // A drawn token has probability > 0 under the rules (sampling_probs' float row may
+      // round a tiny one to 0; the rows here have none that small).
+      std::vector<float> probs(static_cast<std::size_t>(vocab));
+      SPECD_ASSERT_OK(sampling_probs(Span<const float>(row, static_cast<std::size_t>(vocab)), c.params[ur],
+                                     Span<float>(probs.data(), probs.size())));
+      EXPECT_GT(probs[static_cast<std::size_t>(tokens[ur])], 0.0f) << "vocab " << vocab << " row " << r;
+    }
+  }
+}
+
+// Several threads per row (each screening with its own best key) give the one-thread token:
+// the result is an argmax, whatever the layout.
+TEST(GumbelRows, SeveralThreadsPerRowMatchOneThread) {
+  std::mt19937_64 g(5);
+  const std::vector<float> table = bounds_table();
+  for (int32_t threads : {2, 3, 8}) {
+    for (int32_t vocab : {1, 9, 64, 700}) {
+      const SamplingCase c = random_sampling_case(&g, 20, vocab);
+      std::vector<int32_t> want(static_cast<std::size_t>(c.rows)), want_status(want.size());
+      SPECD_ASSERT_OK(sample_tokens_cpu(c.view(), c.params.data(), c.keys.data(), want.data(), want_status.data(),
+                                        DrawRule::kGumbelMax));
+      for (int32_t r = 0; r < c.rows; ++r) {
+        const auto ur = static_cast<std::size_t>(r);
+        const auto row = detail::Float32Row::at(c.logits.data(), r * c.stride);
+        int32_t token = -9, status = -9;
+        run_threaded(threads, [&](ThreadedBlock& b) {
+          detail::RowPlan plan;
+          int32_t t = -1;
+          const SampleStatus s = detail::gumbel_token_row(b, row, vocab, c.params[ur], c.keys[ur], table.data(), &t, plan);
+          if (b.rank() == 0) {
+            token = t;
+            status = static_cast<int32_t>(s);
+          }
+        });
+        EXPECT_EQ(status, want_status[ur]) << threads << " threads, vocab " << vocab << ", row " << r;
+        EXPECT_EQ(token, want[ur]) << threads << " threads, vocab " << vocab << ", row " << r;
+      }
+    }
+  }
+}
+
+TEST(GumbelRows, HalfAndBFloat16RowsDrawAsTheirFloatValues) {
+  std::mt19937_64 g(6);
+  const int32_t rows = 40, vocab = 300;
+  std::vector<uint16_t> bf(static_cast<std::size_t>(rows * vocab));
+  std::vector<float> decoded(bf.size());
+  for (std::size_t i = 0; i < bf.size(); ++i) {
+    bf[i] = static_cast<uint16_t>(0x3F00 + g() % 0x0200);  // bfloat16 values around 0.5-2
+    decoded[i] = detail::bfloat16_to_float(bf[i]);
+  }
+  std::vector<SamplingParams> params(rows);
+  std::vector<RngKey> keys(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    params[static_cast<std::size_t>(r)].temperature = 0.05 + 0.1 * r;
+    keys[static_cast<std::size_t>(r)] = RngKey{g(), static_cast<uint32_t>(r), 3, 100};
+  }
+  std::vector<int32_t> a(rows), b(rows), sa(rows), sb(rows);
+  SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{bf.data(), LogitsDtype::kBFloat16, rows, vocab, vocab}, params.data(),
+                                    keys.data(), a.data(), sa.data(), DrawRule::kGumbelMax));
+  SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{decoded.data(), LogitsDtype::kFloat32, rows, vocab, vocab}, params.data(),
+                                    keys.data(), b.data(), sb.data(), DrawRule::kGumbelMax));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(sa, std::vector<int32_t>(rows, 0));
+}
+
+TEST(GumbelRows, ReportsBadRowsAndRules) {
+  const std::vector<float> x{0.0f, NAN, 1.0f, -INFINITY, INFINITY, -INFINITY, -INFINITY, 2.0f};
+  // rows: NaN, +inf, all -inf (3 wide each, stride 3 over a padded copy)
+  const std::vector<float> rows{1.0f, NAN, 0.0f, 2.0f, INFINITY, 1.0f, -INFINITY, -INFINITY, -INFINITY, 0.5f, 0.0f, 1.0f};
+  std::vector<SamplingParams> params(4);
+  params[3].temperature = -1;
+  std::vector<RngKey> keys(4);
+  std::vector<int32_t> t(4, 7), st(4, 7);
+  SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, 4, 3, 3}, params.data(), keys.data(),
+                                    t.data(), st.data(), DrawRule::kGumbelMax));
+  EXPECT_EQ(st, (std::vector<int32_t>{2, 2, 3, 1}));
+  EXPECT_EQ(t, (std::vector<int32_t>{-1, -1, -1, -1}));
+  SPECD_EXPECT_CODE(sample_tokens_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, 4, 3, 3}, params.data(), keys.data(),
+                                      t.data(), st.data(), static_cast<DrawRule>(5)),
+                    kInvalidArgument);
+  (void)x;
+}
+
+// Draws over many keys follow the rule's distribution (sampling_probs), with and without cuts,
+// at low and high temperature; and the keys' positions and requests give independent draws.
+TEST(GumbelRows, DrawsFollowTheSamplingDistribution) {
+  const std::vector<float> logits{1.0f, 0.2f, -0.5f, 2.0f, -INFINITY, 0.9f, -3.0f, 1.1f, 0.0f, -1.0f, 0.5f};
+  const auto vocab = static_cast<int32_t>(logits.size());
+  std::vector<SamplingParams> cases(5);
+  cases[0].temperature = 1.0;
+  cases[1].temperature = 0.45;
+  cases[2].temperature = 2.5;
+  cases[3].temperature = 0.8;
+  cases[3].top_k = 5;
+  cases[3].top_p = 0.9;
+  cases[4].temperature = 1.3;
+  cases[4].min_p = 0.2;
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    std::vector<float> probs(static_cast<std::size_t>(vocab));
+    SPECD_ASSERT_OK(sampling_probs(Span<const float>(logits.data(), logits.size()), cases[c],
+                                   Span<float>(probs.data(), probs.size())));
+    const int32_t n = 60000;
+    std::vector<float> rows(static_cast<std::size_t>(n) * vocab);
+    for (int32_t r = 0; r < n; ++r) std::copy(logits.begin(), logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(r) * vocab);
+    std::vector<SamplingParams> params(static_cast<std::size_t>(n), cases[c]);
+    std::vector<RngKey> keys(static_cast<std::size_t>(n));
+    for (int32_t r = 0; r < n; ++r)  // one seed; requests and positions vary
+      keys[static_cast<std::size_t>(r)] = RngKey{0x5eed0000u + c, static_cast<uint32_t>(r % 97),
+                                                 static_cast<uint32_t>(r % 3), static_cast<uint32_t>(r)};
+    std::vector<int32_t> tokens(static_cast<std::size_t>(n)), st(tokens.size());
+    SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, n, vocab, vocab}, params.data(),
+                                      keys.data(), tokens.data(), st.data(), DrawRule::kGumbelMax));
+    std::vector<int64_t> counts(static_cast<std::size_t>(vocab), 0);
+    std::vector<double> want(probs.begin(), probs.end());
+    for (int32_t r = 0; r < n; ++r) {
+      ASSERT_EQ(st[static_cast<std::size_t>(r)], 0);
+      const int32_t t = tokens[static_cast<std::size_t>(r)];
+      ASSERT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << "case " << c << " drew a removed token " << t;
+      ++counts[static_cast<std::size_t>(t)];
+    }
+    const ChiSquare test = chi_square_test(counts, want);
+    EXPECT_GT(test.p_value, 1e-4) << "case " << c << ": chi-square " << test.statistic << " on " << test.df << " df";
+  }
+}
+
+// Over a wide, nearly flat row (where the screen rules out least and the noise's upper tail
+// decides), tokens are drawn about uniformly: the bucket bounds do not cut the tail.
+TEST(GumbelRows, FlatWideRowsDrawUniformly) {
+  const int32_t vocab = 2048, n = 12000;
+  std::vector<float> row(static_cast<std::size_t>(vocab), 0.25f);
+  std::vector<int64_t> counts(16, 0);  // by token id / 128
+  const std::vector<float> table = bounds_table();
+  detail::SerialBlock b;
+  for (int32_t r = 0; r < n; ++r) {
+    detail::RowPlan plan;
+    int32_t t = -1;
+    SamplingParams p;
+    ASSERT_EQ(detail::gumbel_token_row(b, detail::Float32Row{row.data()}, vocab, p, RngKey{77, 1, 0, static_cast<uint32_t>(r)},
+                                       table.data(), &t, plan),
+              SampleStatus::kOk);
+    ++counts[static_cast<std::size_t>(t / 128)];
+  }
+  const ChiSquare test = chi_square_test(counts, std::vector<double>(16, 1.0 / 16));
+  EXPECT_GT(test.p_value, 1e-4) << "chi-square " << test.statistic;
+}
+
+}  // namespace
+}  // namespace specd::testing
