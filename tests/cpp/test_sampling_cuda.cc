@@ -3,7 +3,8 @@
 // sampling_probs_batch_cpu within one float ulp, per-row statuses equal, on random rows with
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
 // (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
-// runs with one block per row and with a cluster of blocks per row (RowSplit). Skips, saying why, without a CUDA device.
+// runs with one block per row and with a cluster of blocks per row (RowSplit); the
+// Gumbel-max draw's tokens equal the CPU's exactly. Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -189,6 +190,70 @@ TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
   }
 }
 
+// DrawRule::kGumbelMax: the kernels' tokens and statuses equal sample_tokens_cpu's exactly
+// (an argmax: no sum whose order differs), for both splits, fp32/bf16, odd vocabularies (a
+// last partial group), unaligned rows (stride not a multiple of 8: scalar loads) and
+// 151,936-token rows.
+template <class T>
+void expect_gumbel_matches_cpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c,
+                               const std::string& what) {
+  std::vector<int32_t> cpu_tokens(static_cast<std::size_t>(c.rows)), cpu_status(cpu_tokens.size());
+  rows.data = host_logits.data();
+  ASSERT_TRUE(sample_tokens_cpu(rows, c.params.data(), c.keys.data(), cpu_tokens.data(), cpu_status.data(),
+                                DrawRule::kGumbelMax)
+                  .ok());
+  DeviceBuffer<T> logits(host_logits);
+  DeviceBuffer<SamplingParams> params(c.params);
+  DeviceBuffer<RngKey> keys(c.keys);
+  for (cuda::RowSplit split : kSplits) {
+    DeviceBuffer<int32_t> tokens(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+    DeviceBuffer<int32_t> status(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
+    ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && status.get());
+    rows.data = logits.get();
+    SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), status.get(), nullptr, split,
+                                      DrawRule::kGumbelMax));
+    SPECD_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(status.to_host(), cpu_status) << what << ", " << split_name(split);
+    EXPECT_EQ(tokens.to_host(), cpu_tokens) << what << ", " << split_name(split);
+  }
+}
+
+TEST(SamplingCuda, GumbelDrawEqualsCpuExactly) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(25);
+  for (int32_t vocab : {1, 7, 8, 9, 33, 513, 5000, 151936}) {
+    const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 24 : 200, vocab);
+    expect_gumbel_matches_cpu(c.logits, c.view(), c, "fp32, vocab " + std::to_string(vocab));
+    if (HasFatalFailure()) return;
+    std::vector<uint16_t> words(c.logits.size());
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      words[i] = static_cast<uint16_t>(0x3800 + g() % 0x900) | static_cast<uint16_t>(g() % 2 << 15);
+      if (g() % 13 == 0) words[i] = 0xFF80;  // -inf
+    }
+    expect_gumbel_matches_cpu(words, LogitRows{nullptr, LogitsDtype::kBFloat16, c.rows, c.vocab, c.stride}, c,
+                              "bf16, vocab " + std::to_string(vocab));
+    if (HasFatalFailure()) return;
+  }
+  // Rows without a cut (the one-pass path), 64 x 151,936 at temperatures from 0.05 to 2.
+  SamplingCase wide = random_sampling_case(&g, 64, 151936);
+  for (std::size_t r = 0; r < wide.params.size(); ++r) wide.params[r] = SamplingParams{0.05 + 0.03 * r, 0, 1.0, 0.0};
+  expect_gumbel_matches_cpu(wide.logits, wide.view(), wide, "64 rows without a cut");
+}
+
+TEST(SamplingCuda, GumbelBadRowsGetStatuses) {
+  SPECD_SKIP_WITHOUT_GPU();
+  SamplingCase c;
+  c.rows = 4;
+  c.vocab = 3;
+  c.stride = 3;
+  c.logits = {0, NAN, 1, /**/ 0, INFINITY, 1, /**/ -INFINITY, -INFINITY, -INFINITY, /**/ 0, 1, 2};
+  SamplingParams bad;
+  bad.temperature = -1;
+  c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
+  c.keys.assign(4, RngKey{});
+  expect_gumbel_matches_cpu(c.logits, c.view(), c, "bad rows");
+}
+
 // On an sm_90+ GPU the clustered kernels really run (not the one-block fallback).
 TEST(SamplingCuda, ClustersRunOnHopperAndLater) {
   SPECD_SKIP_WITHOUT_CLUSTERS();
@@ -212,6 +277,9 @@ TEST(SamplingCuda, RejectsInvalidSizesWithoutLaunching) {
   EXPECT_EQ(cuda::sample_tokens(LogitRows{nullptr, LogitsDtype::kFloat32, 0, 1, 1}, nullptr, nullptr, nullptr, nullptr,
                                 nullptr),
             cudaSuccess);
+  EXPECT_EQ(cuda::sample_tokens(LogitRows{&x, LogitsDtype::kFloat32, 1, 1, 1}, &s, &k, &t, &st, nullptr,
+                                cuda::RowSplit::kOneBlock, static_cast<DrawRule>(3)),
+            cudaErrorInvalidValue);
 }
 
 }  // namespace
