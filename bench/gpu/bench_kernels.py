@@ -15,7 +15,8 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  rows (temperature 0.8 and top-p 0.9, bf16), and its _out form (what the draft
                  graph calls) vs the functional op plus a copy into the buffer; "... cluster":
                  the same calls with cluster=True (a thread-block cluster of 8 blocks per row,
-                 sm_90+) vs one block per row
+                 sm_90+) vs one block per row; "sample_tokens cluster gumbel": the Gumbel-max
+                 draw (gumbel=True) vs the clustered inverse-CDF draw, sampled modes
   verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
@@ -283,6 +284,15 @@ def bench_sampling(s: Setup) -> list[dict]:
             out.append(row(s, "sample_tokens cluster", shape, clustered, "one block per row", specd,
                            f"tokens equal={torch.equal(c_tokens, tokens)}, statuses equal="
                            f"{torch.equal(c_status, status)}", read, "one read of the logits"))
+            if mode != "greedy":
+                # The Gumbel-max draw (DrawRule::kGumbelMax) against the inverse-CDF draw, both
+                # clustered: another rule (other tokens), the same statuses, tokens the CPU's.
+                g_tokens, g_status = ops.sample_tokens(logits, params, keys, cluster=True, gumbel=True)
+                cpu_tokens, _ = ops.sample_tokens(logits.cpu(), params.cpu(), keys.cpu(), gumbel=True)
+                gumbel = s.measure(lambda: ops.sample_tokens(logits, params, keys, cluster=True, gumbel=True))
+                out.append(row(s, "sample_tokens cluster gumbel", shape, gumbel, "cluster, inverse-CDF draw",
+                               clustered, f"statuses equal={torch.equal(g_status, c_status)}, tokens equal the CPU's="
+                               f"{torch.equal(g_tokens.cpu(), cpu_tokens)}", read, "one read of the logits"))
             if mode == "mixed":
                 out.append(row(s, "sampling_probs", shape, s.measure(lambda: ops.sampling_probs(logits, params)),
                                "torch batched rows", s.measure(lambda: row_sampling_probs(logits, rp)), check,

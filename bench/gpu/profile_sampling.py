@@ -13,6 +13,9 @@ profiles exactly one launch per case and its report names the case in the NVTX s
   top_p             sample_tokens, 64 rows bf16, top-p 0.9 (cluster per row)
   draft_row         sample_tokens_and_probs, 1 row bf16, temperature 0.8 (cluster per row: the
                     draft loop's call)
+  temperature_gumbel, top_p_gumbel
+                    temperature and top_p with the Gumbel-max draw (gumbel=True; written in
+                    the eighteenth session, not yet run on a GPU)
 
 Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profile/" --section
 SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases.
@@ -35,12 +38,14 @@ from typing import Callable
 
 import torch
 
-CASES = {  # name: (rows, temperature, top_p, cluster, with probabilities)
-    "greedy": (64, 0.0, 1.0, True, False),
-    "temperature": (64, 0.8, 1.0, True, False),
-    "temperature_1blk": (64, 0.8, 1.0, False, False),
-    "top_p": (64, 1.0, 0.9, True, False),
-    "draft_row": (1, 0.8, 1.0, True, True),
+CASES = {  # name: (rows, temperature, top_p, cluster, with probabilities, Gumbel-max draw)
+    "greedy": (64, 0.0, 1.0, True, False, False),
+    "temperature": (64, 0.8, 1.0, True, False, False),
+    "temperature_1blk": (64, 0.8, 1.0, False, False, False),
+    "top_p": (64, 1.0, 0.9, True, False, False),
+    "draft_row": (1, 0.8, 1.0, True, True, False),
+    "temperature_gumbel": (64, 0.8, 1.0, True, False, True),
+    "top_p_gumbel": (64, 1.0, 0.9, True, False, True),
 }
 VOCAB = 151936
 
@@ -49,7 +54,7 @@ def case_call(name: str, dev: torch.device, vocab: int, dtype: torch.dtype) -> C
     """The op call of case ``name`` on fresh random logits (``[rows, vocab]`` x 4, seeded)."""
     import specd.ops as ops
 
-    rows, temp, top_p, cluster, with_probs = CASES[name]
+    rows, temp, top_p, cluster, with_probs, gumbel = CASES[name]
     g = torch.Generator(device=dev).manual_seed(0)
     logits = (torch.randn(rows, vocab, device=dev, generator=g) * 4).to(dtype)
     params = ops.pack_sampling_params(torch.full((rows,), temp, device=dev), torch.zeros(rows, device=dev),
@@ -58,6 +63,8 @@ def case_call(name: str, dev: torch.device, vocab: int, dtype: torch.dtype) -> C
                              torch.arange(rows, device=dev))
     if with_probs:
         return lambda: ops.sample_tokens_and_probs(logits, params, keys, cluster=cluster)
+    if gumbel:
+        return lambda: ops.sample_tokens(logits, params, keys, cluster=cluster, gumbel=True)
     return lambda: ops.sample_tokens(logits, params, keys, cluster=cluster)
 
 
@@ -77,9 +84,10 @@ def main(argv=None) -> int:
         ap.error(f"unknown cases {unknown}; known: {', '.join(CASES)}")
     if args.dry_run:
         for c in names:
-            rows, temp, top_p, cluster, with_probs = CASES[c]
+            rows, temp, top_p, cluster, with_probs, gumbel = CASES[c]
             print(f"{c}: {'sample_tokens_and_probs' if with_probs else 'sample_tokens'} {rows} x {VOCAB} bf16, "
-                  f"temperature {temp}, top-p {top_p}, {'cluster' if cluster else 'one block'} per row")
+                  f"temperature {temp}, top-p {top_p}, {'cluster' if cluster else 'one block'} per row"
+                  f"{', Gumbel-max draw' if gumbel else ''}")
         return 0
     if args.smoke_cpu:
         dev, vocab, dtype = torch.device("cpu"), 512, torch.float32

@@ -107,6 +107,8 @@ ProbRows prob_rows(uintptr_t data, int32_t rows, int32_t vocab, int64_t stride) 
   return p;
 }
 
+DrawRule draw_rule(bool gumbel) { return gumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf; }
+
 #ifdef SPECD_WITH_CUDA
 cuda::RowSplit row_split(bool cluster) {
   return cluster ? cuda::RowSplit::kCluster : cuda::RowSplit::kOneBlock;
@@ -127,13 +129,15 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sample_tokens_batch_cpu",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status, bool gumbel) {
         check(sample_tokens_cpu(logit_rows(logits, dtype, rows, vocab, stride), ptr<const SamplingParams>(params),
-                                ptr<const RngKey>(rng), ptr<int32_t>(tokens), ptr<int32_t>(status)));
+                                ptr<const RngKey>(rng), ptr<int32_t>(tokens), ptr<int32_t>(status), draw_rule(gumbel)));
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("status_ptr"),
+      py::arg("gumbel") = false,
       "sample_tokens_cpu (specd/sampling_batch.h) on host pointers: logits [rows, stride], packed "
-      "SamplingParams [rows, 4] and RngKey [rows, 3] words, int32 tokens and status [rows] out.");
+      "SamplingParams [rows, 4] and RngKey [rows, 3] words, int32 tokens and status [rows] out; "
+      "gumbel: DrawRule::kGumbelMax instead of the inverse-CDF draw.");
   m.def(
       "sampling_probs_batch_cpu",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
@@ -200,19 +204,20 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sample_tokens_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status, uintptr_t stream, bool cluster) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t status, uintptr_t stream, bool cluster,
+         bool gumbel) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sample_tokens(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                      ptr<int32_t>(tokens), ptr<int32_t>(status)));
         check_launch(cuda::sample_tokens(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                          ptr<int32_t>(tokens), ptr<int32_t>(status), as_stream(stream),
-                                         row_split(cluster)),
+                                         row_split(cluster), draw_rule(gumbel)),
                      "sample_tokens");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("status_ptr"),
-      py::arg("stream"), py::arg("cluster") = false,
+      py::arg("stream"), py::arg("cluster") = false, py::arg("gumbel") = false,
       "Launch the CUDA sample_tokens kernel on device pointers (no host sync); cluster: a "
-      "thread-block cluster per row (specd/cuda/row_split.h, RowSplit).");
+      "thread-block cluster per row (specd/cuda/row_split.h, RowSplit); gumbel: DrawRule::kGumbelMax.");
   m.def(
       "sampling_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,

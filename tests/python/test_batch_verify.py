@@ -127,18 +127,20 @@ def _device_or_skip(device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_logits_fail_only_their_request(device, bad):
-    """A NaN or +inf logit in a greedy (0), drafted (1) or model-free (6) request's rows: that
-    request's VerifyInputs carries an error naming it; the others verify as before."""
+    """A NaN or +inf logit in a greedy (0), drafted (1), model-free (6) or draft-less (4: its
+    tree is the root alone) request's rows: that request's VerifyInputs carries an error
+    naming it; the others verify as before."""
     items, trees, dists, logits = _case(7, _device_or_skip(device))
     starts = np.concatenate([[0], np.cumsum([len(trees[it.request.id]) for it in items])])
-    for rid in (0, 1, 6):
+    failing = (0, 1, 4, 6)
+    for rid in failing:
         logits[int(starts[rid]) + len(trees[rid]) - 1, 3] = bad
     got = verify_inputs(items, trees, logits, dists)
-    for rid in (0, 1, 6):
+    for rid in failing:
         assert got[rid].error.startswith(f"request {rid}: verification failed")
         with pytest.raises(InvalidArgumentError, match=f"request {rid}: verification failed"):
             got[rid].verify(trees[rid])
-    keep = [i for i in range(len(items)) if i not in (0, 1, 6)]
+    keep = [i for i in range(len(items)) if i not in failing]
     rows = torch.cat([logits[int(starts[i]):int(starts[i + 1])] for i in keep])
     want = _reference([items[i] for i in keep], trees, dists, rows)
     for i in keep:
@@ -157,3 +159,46 @@ def test_batched_verification_on_the_gpu_equals_the_cpu_path():
     _device_or_skip("cuda")
     accepted = sum(_check(*_case(seed, "cuda")) for seed in range(20))
     assert accepted > 20
+
+
+def _roots_case(seed, device="cpu"):
+    """Twelve requests without drafts (root-only trees), sampled with varied parameters, and a
+    greedy one."""
+    rng = np.random.default_rng(seed)
+    choices = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.6, top_k=4),
+               SamplingParams(temperature=1.4, top_p=0.7), SamplingParams(temperature=0.8, min_p=0.2),
+               SamplingParams(temperature=0.0)]
+    items = [_item(rid, choices[rid % len(choices)], int(rng.integers(3, 90)), int(rng.integers(2**40)), rid)
+             for rid in range(13)]
+    trees = {rid: TokenTree(int(rng.integers(VOCAB))) for rid in range(13)}
+    logits = torch.from_numpy(rng.standard_normal((13, VOCAB)).astype(np.float32) * 2).to(device)
+    return items, trees, {}, logits
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_requests_without_drafts_sample_their_row_once(device):
+    """Root-only trees take ``specd::sample_tokens`` (no probability rows, no verification
+    kernel): by default exactly the per-request path's bonus token (sampling_probs then
+    verify on the root); with gumbel=True the Gumbel-max draw (another token for some seeds,
+    always one the rules keep; greedy requests unchanged)."""
+    dev = _device_or_skip(device)
+    for seed in range(5):
+        items, trees, dists, logits = _roots_case(seed, dev)
+        want = _reference(items, trees, dists, logits)
+        got = verify_inputs(items, trees, logits, dists)
+        gumbel = verify_inputs(items, trees, logits, dists, gumbel=True)
+        differs = False
+        for it in items:
+            rid, p = it.request.id, it.request.params
+            g = got[rid].verify(trees[rid])
+            assert (g.num_accepted, list(g.tokens), list(g.path)) == (0, list(want[rid].tokens), [0]), rid
+            gg = gumbel[rid].verify(trees[rid])
+            assert gg.num_accepted == 0 and list(gg.path) == [0]
+            probs = _core.sampling_probs(logits[rid:rid + 1].float().cpu().numpy(), float(p.temperature), p.top_k,
+                                         float(p.top_p), float(p.min_p))[0]
+            assert probs[int(gg.tokens[0])] > 0, rid
+            if p.greedy:
+                assert list(gg.tokens) == list(g.tokens)
+            differs = differs or list(gg.tokens) != list(g.tokens)
+        assert differs
+

@@ -338,6 +338,32 @@ def test_speculative_sampling_follows_the_target_distribution(models, width):
     assert stats.chisquare(observed, expected).pvalue > 0.001
 
 
+@pytest.mark.parametrize("root_draw", ["inverse_cdf", "gumbel"])
+def test_plain_sampling_follows_the_target_distribution(models, root_draw):
+    """Plain decoding (no drafts: every step samples through ``specd.ops.sample_tokens``),
+    under both draw rules of KernelChoice.root_draw: the first sampled token of 3,000 seeds
+    follows the target's next-token distribution (temperature 0.8, chi-square, alpha =
+    0.001), and the two rules draw other tokens for the same seeds."""
+    _, target, _, prompts, _ = models
+    n = 3000
+    params = [specd.SamplingParams(temperature=0.8, max_tokens=1, ignore_eos=True, seed=s) for s in range(n)]
+    prompt = prompts[2]
+    firsts = {}
+    for draw in {root_draw, "inverse_cdf"}:
+        llm = make_llm(target, max_num_seqs=256, kernels=specd.KernelChoice(root_draw=draw))
+        firsts[draw] = [o.token_ids[0] for o in llm.generate([prompt] * n, params)]
+    hf = load_hf_model(target)
+    with torch.no_grad():
+        p = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1].double() / 0.8, -1).numpy()
+    counts = np.bincount(firsts[root_draw], minlength=len(p))
+    big = p * n >= 5
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(p[big], p[~big].sum()) * n
+    assert stats.chisquare(observed, expected).pvalue > 0.001
+    if root_draw == "gumbel":
+        assert firsts["gumbel"] != firsts["inverse_cdf"]
+
+
 def test_stream_yields_the_generated_text(models):
     _, target, draft, prompts, _ = models
     llm = make_llm(target, draft, "draft", 3)

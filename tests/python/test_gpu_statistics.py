@@ -4,7 +4,8 @@ custom ops that run the CUDA kernels:
 
 - ops.sample_tokens: many rows of the same logits, each with its own Philox key, follow the
   ``sampling_probs`` distribution of the row's parameters (temperature, top-k, top-p, min-p;
-  float32 and bfloat16 logits); tokens of probability 0 never appear.
+  float32 and bfloat16 logits), under both draw rules (inverse CDF, Gumbel-max); tokens of
+  probability 0 never appear.
 - ops.verify_stochastic: one verify step per trial, all trials in one batch, on a Markov
   "model" (the next-token row depends on the depth and the previous token). Chains (k=3) and
   trees (3 siblings, each with a child), with draft rows drawn without replacement or
@@ -69,7 +70,8 @@ SAMPLING = [(1.0, 0, 1.0, 0.0), (0.7, 3, 1.0, 0.0), (1.3, 0, 0.8, 0.0), (0.9, 5,
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("params", SAMPLING, ids=lambda p: "t{}_k{}_p{}_m{}".format(*p))
 @pytest.mark.parametrize("device", DEVICES)
-def test_sample_tokens_follow_sampling_probs(device, params, dtype):
+@pytest.mark.parametrize("gumbel", [False, True], ids=["inverse_cdf", "gumbel"])
+def test_sample_tokens_follow_sampling_probs(device, params, dtype, gumbel):
     dev = device_or_skip(device)
     rng = np.random.default_rng(21)
     row = (rng.standard_normal(V) * 1.5).astype(np.float32)
@@ -81,7 +83,7 @@ def test_sample_tokens_follow_sampling_probs(device, params, dtype):
     packed = ops.pack_sampling_params(torch.full((n,), t, dtype=torch.float64), torch.full((n,), k),
                                       torch.full((n,), p, dtype=torch.float64), torch.full((n,), m, dtype=torch.float64))
     keys = ops.pack_rng_keys(torch.tensor(5), torch.arange(n), torch.tensor(0), torch.tensor(17))
-    tokens, status = ops.sample_tokens(logits.expand(n, V).to(dev), packed.to(dev), keys.to(dev))
+    tokens, status = ops.sample_tokens(logits.expand(n, V).to(dev), packed.to(dev), keys.to(dev), gumbel=gumbel)
     assert not status.any()
     counts = np.bincount(tokens.cpu().numpy(), minlength=V)
     assert counts[want == 0].sum() == 0, f"tokens of probability 0 drawn: {counts} vs {want}"

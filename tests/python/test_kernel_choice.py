@@ -24,6 +24,13 @@ def test_grouped_attention_takes_a_bool_or_auto(bad):
         KernelChoice(grouped_attention=bad)
 
 
+def test_root_draw_takes_a_known_rule():
+    assert KernelChoice().root_draw == "inverse_cdf" and KernelChoice(root_draw="gumbel").root_draw == "gumbel"
+    for bad in ("Gumbel", "", None, True):
+        with pytest.raises(errors.InvalidArgumentError, match="root_draw must be one of 'inverse_cdf', 'gumbel'"):
+            KernelChoice(root_draw=bad)
+
+
 def test_grouped_for_rule():
     n = GROUPED_ATTENTION_MIN_TOKENS
     assert [grouped_for("auto", t) for t in (1, n - 1, n, 4 * n)] == [False, False, True, True]

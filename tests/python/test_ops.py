@@ -255,6 +255,33 @@ def test_sample_tokens_and_sampling_probs_equal_references(dtype):
     assert buf[0].isnan().all() and buf[2].isnan().all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_tokens_gumbel_draw(dtype):
+    """gumbel=True (DrawRule::kGumbelMax): the same statuses and greedy tokens as the default
+    draw, only tokens the rules keep, other tokens than the inverse-CDF draw for some seeds
+    (another rule, the same distribution: tests/python/test_gpu_statistics.py), and the same
+    tokens on every call with the same keys."""
+    rng = np.random.default_rng(12)
+    n = 400
+    rows = [PARAMS[i % len(PARAMS)] for i in range(n)]
+    logits = torch.from_numpy(rng.standard_normal((n, 50)).astype(np.float32) * 2).to(dtype)
+    logits[3, :] = float("nan")
+    logits[5, 7] = float("-inf")
+    params = param_rows(rows)
+    keys = ops.pack_rng_keys(torch.tensor(3), torch.arange(n), torch.tensor(0), torch.tensor(40))
+    tokens, status = ops.sample_tokens(logits, params, keys, gumbel=True)
+    plain, plain_status = ops.sample_tokens(logits, params, keys)
+    probs, _ = ops.sampling_probs(logits, params)
+    assert torch.equal(status, plain_status) and status[3] == 2 and tokens[3] == -1
+    ok = status == 0
+    greedy = torch.tensor([r[0] == 0 for r in rows]) & ok
+    assert torch.equal(tokens[greedy], plain[greedy])
+    kept = probs[ok].gather(1, tokens[ok].long()[:, None])[:, 0]
+    assert (kept > 0).all()
+    assert (tokens[ok & ~greedy] != plain[ok & ~greedy]).any()
+    assert torch.equal(ops.sample_tokens(logits, params, keys, gumbel=True)[0], tokens)
+
+
 def test_sample_tokens_and_probs_out_errors():
     logits, params = torch.zeros(2, 5), param_rows(PARAMS[:2])
     keys = ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(4))
@@ -386,10 +413,11 @@ def opcheck_samples():
                                  "independent", 0)),
         (ops.sample_tokens_and_probs, (logits, params, keys)),
         (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20))),
+        (ops.sample_tokens, (logits, params, keys, False, True)),  # the Gumbel-max draw
     ]
 
 
-@pytest.mark.parametrize("index", range(13))
+@pytest.mark.parametrize("index", range(14))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -411,7 +439,7 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)

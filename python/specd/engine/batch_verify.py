@@ -9,7 +9,10 @@ requests at once so that the host waits for the device as few times as possible.
   verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
   vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
   copy. Requests whose drafts came from the draft model (with their distributions) and
-  model-free ones (one-hot drafts) are two groups, two op calls each.
+  model-free ones (one-hot drafts) are two groups, two op calls each. Requests without
+  drafts (a root-only tree: k = 0) are a third group, one ``specd::sample_tokens`` call
+  without probability rows: its inverse-CDF draw is the verifier's bonus draw, or with
+  ``KernelChoice.root_draw = "gumbel"`` the Gumbel-max draw.
 
 A request whose rows hold a NaN or +inf logit, or no finite one (or whose sampling parameters
 the ops reject) gets ``VerifyInputs.error``, a message naming it, instead of a result; the
@@ -32,7 +35,7 @@ from specd import _core
 from specd.engine.scheduler import WorkItem
 from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
-from specd.ops import pack_rng_keys, pack_sampling_params, sampling_probs, verify_stochastic
+from specd.ops import pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs, verify_stochastic
 from specd.verification import TokenTree, VerifyOutput
 
 @dataclass
@@ -55,12 +58,14 @@ class VerifyInputs:
 
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
-                  draft_dists: dict[int, torch.Tensor], cluster: bool = False) -> dict[int, VerifyInputs]:
+                  draft_dists: dict[int, torch.Tensor], cluster: bool = False,
+                  gumbel: bool = False) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
     ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
-    (KernelChoice.cluster_rows of the target)."""
+    (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
+    draw by the Gumbel-max rule (KernelChoice.root_draw)."""
     spans, row = [], 0
     for it in deciding:
         spans.append((row, row + len(trees[it.request.id])))
@@ -79,6 +84,14 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
                                             f"rows {[int(r) for r in np.flatnonzero(finite[a:b] == 0)]} of its "
                                             "tree hold NaN or +inf, or no finite value")
     sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
+    roots = [(it, span) for it, span in sampled if span[1] - span[0] == 1]
+    if roots:
+        for (it, _), result in zip(roots, _sample_roots(roots, logits, cluster, gumbel)):
+            if isinstance(result, str):
+                out[it.request.id].error = result
+            else:
+                out[it.request.id].result = result
+    sampled = [(it, span) for it, span in sampled if span[1] - span[0] > 1]
     for drafted in (True, False):
         group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
         if group:
@@ -113,6 +126,45 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The requests' packed SamplingParams (each request's repeated over its ``sizes`` rows)
+    and RngKeys (key (seed, request, step 0, position = the request's length)), on ``device``
+    in one host-to-device copy."""
+    def per_row(values, dtype):  # each request's value repeated over its tree's rows
+        return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), sizes))
+
+    p = [r.params for r in reqs]
+    params = pack_sampling_params(per_row([x.temperature for x in p], np.float64), per_row([x.top_k for x in p], np.int64),
+                                  per_row([x.top_p for x in p], np.float64), per_row([x.min_p for x in p], np.float64))
+    keys = pack_rng_keys(torch.from_numpy(np.array([r.rng_seed for r in reqs], dtype=np.uint64).view(np.int64)),
+                         torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
+                         torch.tensor([r.length for r in reqs], dtype=torch.int64))
+    words = _to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
+    return words[:params.numel()].view(-1, 4), words[params.numel():].view(len(reqs), 3)
+
+
+def _sample_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Tensor, cluster: bool,
+                  gumbel: bool) -> list[Union[VerifyOutput, str]]:
+    """Sampled requests without drafts (root-only trees): one token each from its row by
+    ``specd::sample_tokens``, whose inverse-CDF draw is the one stochastic verification of a
+    root-only tree makes (sampling_batch.h: the verifier's final draw, the same key), without
+    writing a probability row; or by the Gumbel-max rule (``gumbel``). One copy back."""
+    reqs = [it.request for it, _ in group]
+    params, keys = _sampling_words(reqs, np.ones(len(reqs), dtype=np.int64), logits.device)
+    index = [a for _, (a, _) in group]
+    rows = logits[index[0]:index[0] + 1] if len(index) == 1 else logits[torch.tensor(index, device=logits.device)]
+    tokens, status = sample_tokens(rows, params, keys, cluster, gumbel)
+    host = torch.cat([tokens, status]).cpu().numpy()  # the one sync
+    results = []
+    for i, r in enumerate(reqs):
+        if host[len(reqs) + i]:
+            results.append(f"request {r.id}: verification failed (sampling status {int(host[len(reqs) + i])}): "
+                           "non-finite logits or invalid sampling parameters")
+        else:
+            results.append(VerifyOutput(host[i:i + 1].copy(), np.zeros(1, dtype=host.dtype), 0))
+    return results
+
+
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
                     logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]],
                     cluster: bool = False) -> list[Union[VerifyOutput, str]]:
@@ -129,17 +181,7 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
                                                      + [t.tokens for t in tree_list]).astype(np.int32)), device)
     node_offsets, parents, tokens = csr[:len(reqs) + 1], csr[len(reqs) + 1:len(reqs) + 1 + nodes], csr[-nodes:]
 
-    def per_row(values, dtype):  # each request's value repeated over its tree's rows
-        return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), sizes))
-
-    p = [r.params for r in reqs]
-    params = pack_sampling_params(per_row([x.temperature for x in p], np.float64), per_row([x.top_k for x in p], np.int64),
-                                  per_row([x.top_p for x in p], np.float64), per_row([x.min_p for x in p], np.float64))
-    keys = pack_rng_keys(torch.from_numpy(np.array([r.rng_seed for r in reqs], dtype=np.uint64).view(np.int64)),
-                         torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
-                         torch.tensor([r.length for r in reqs], dtype=torch.int64))
-    words = _to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
-    params, keys = words[:params.numel()].view(nodes, 4), words[params.numel():].view(len(reqs), 3)
+    params, keys = _sampling_words(reqs, sizes, device)
 
     rows = torch.cat([logits[a:b] for _, (a, b) in group]) if len(group) > 1 else logits[group[0][1][0]:group[0][1][1]]
     probs, row_status = sampling_probs(rows, params, cluster)

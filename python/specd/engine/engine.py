@@ -139,8 +139,9 @@ class Engine:
         forward_s += target_s
         finished = []
         self._emitted = 0
+        target_kernels = kernels_of(self.target)
         inputs = verify_inputs([it for it in items if it.decide], trees, logits, draft_dists,
-                               cluster=kernels_of(self.target).cluster_rows)
+                               cluster=target_kernels.cluster_rows, gumbel=target_kernels.root_draw == "gumbel")
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)

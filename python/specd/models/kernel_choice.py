@@ -21,7 +21,16 @@ kernel has more than one (docs/cuda.md). The defaults follow what the H100 measu
   another fixed order (docs/cuda.md, the CPU equality caveat). Default on: 1.2-2.8x faster
   for sampled rows and 3x for stochastic verification on the H100.
 
-Neither has any effect on the CPU, where the ops run their float32 references.
+- ``root_draw``: how the target's sampled requests draw the token of a step without drafts
+  (k = 0: plain decoding, or the controller speculating nothing), which goes through
+  ``specd.ops.sample_tokens`` (no probability row is written). ``"inverse_cdf"`` (default):
+  the verifier's draw, so the token is the one stochastic verification of a root-only tree
+  gives. ``"gumbel"``: the Gumbel-max rule (``DrawRule::kGumbelMax``, sampling_batch.h): the
+  same distribution, other tokens for the same seed, and one pass over a row without a
+  top-k/top-p/min-p cut instead of about five. Not yet timed on a GPU, so not the default.
+
+``grouped_attention`` and ``cluster_rows`` have no effect on the CPU, where the ops run their
+float32 references; ``root_draw`` changes seeded tokens everywhere.
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ GROUPED_ATTENTION_MIN_TOKENS = 512
 # 1.02-1.11x, 16 x 9 and 32 x 5 even; under 64 tokens the draft's 8 x 5 lost, 0.94x).
 GROUPED_ATTENTION_MIN_TREE_TOKENS = 64
 GROUPED_ATTENTION_MIN_QUERY = 5
+ROOT_DRAWS = ("inverse_cdf", "gumbel")
 
 
 @dataclass(frozen=True)
 class KernelChoice:
     grouped_attention: Union[bool, str] = "auto"
     cluster_rows: bool = True
+    root_draw: str = "inverse_cdf"
 
     def __post_init__(self):
         if not (isinstance(self.grouped_attention, bool) or self.grouped_attention == "auto"):
@@ -53,6 +64,9 @@ class KernelChoice:
                 f"KernelChoice.grouped_attention must be a bool or 'auto', got {self.grouped_attention!r}")
         if not isinstance(self.cluster_rows, bool):
             raise InvalidArgumentError(f"KernelChoice.cluster_rows must be a bool, got {self.cluster_rows!r}")
+        if self.root_draw not in ROOT_DRAWS:
+            raise InvalidArgumentError(
+                f"KernelChoice.root_draw must be one of {', '.join(map(repr, ROOT_DRAWS))}, got {self.root_draw!r}")
 
 
 def grouped_for(grouped_attention: Union[bool, str], tokens: int, sequences: int = 0) -> bool:

@@ -14,6 +14,7 @@ target/draft rows. Outputs: ``out_stride == 0`` gives the node layout ``[num_nod
 ``out_stride > 0`` the padded layout ``[batch, out_stride]`` (the ``path`` kv_compact takes).
 """
 
+import functools
 from typing import Optional
 
 import torch
@@ -64,14 +65,18 @@ def _packed(op: str, name: str, t: torch.Tensor, rows_: int, words: int) -> torc
 
 @torch.library.custom_op("specd::sample_tokens", mutates_args=())
 def sample_tokens(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
-                  cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  cluster: bool = False, gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per logits row (sampling_batch.h). logits ``[rows, vocab]`` float32/float16/
     bfloat16; params int64 ``[rows, 4]`` (:func:`pack_sampling_params`); rng int64 ``[rows, 3]``
     (:func:`pack_rng_keys`). Returns (tokens int32 ``[rows]``, -1 where status != 0; status int32).
     cluster: on an sm_90+ GPU, a thread-block cluster of 8 blocks per row instead of one block
     (cuda/row_split.h ``RowSplit``; validated on an H100, where it is 1.2-2.8x faster for
     sampled rows; elsewhere and on the CPU it changes nothing). The same for the other
-    sampling ops."""
+    sampling ops.
+    gumbel: draw sampled rows' tokens by the Gumbel-max rule (``DrawRule::kGumbelMax``,
+    cpp/include/specd/detail/gumbel.h): the same distribution, other tokens for the same seed;
+    one pass over a row without a top-k/top-p/min-p cut, and GPU tokens equal to the CPU's
+    exactly. Greedy rows are unchanged."""
     no_kernel_for_device("sample_tokens", logits, params, rng)
 
 
@@ -87,13 +92,14 @@ def _sampling_inputs(op: str, logits, params, rng):
     return device, logits, stride, dtype, params, rng, tokens, status
 
 
-def _sample_tokens(logits, params, rng, cluster=False):
+def _sample_tokens(logits, params, rng, cluster=False, gumbel=False):
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens", logits, params, rng)
     n, vocab = logits.shape
     if n:
-        launch(device, _core.sample_tokens_batch_cpu, "sample_tokens_batch_cuda", logits.data_ptr(), dtype, n,
-               vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(), status.data_ptr(),
-               **_cluster_option(cluster))
+        draw = {"gumbel": True} if gumbel else {}
+        launch(device, functools.partial(_core.sample_tokens_batch_cpu, **draw), "sample_tokens_batch_cuda",
+               logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
+               status.data_ptr(), **_cluster_option(cluster), **draw)
     return tokens, status
 
 
@@ -104,7 +110,7 @@ def _cluster_option(cluster: bool) -> dict:
 
 
 @sample_tokens.register_fake
-def _(logits, params, rng, cluster=False):
+def _(logits, params, rng, cluster=False, gumbel=False):
     n = logits.shape[0]
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
