@@ -176,11 +176,12 @@ def _roots_case(seed, device="cpu"):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_requests_without_drafts_sample_their_row_once(device):
-    """Root-only trees take ``specd::sample_tokens`` (no probability rows, no verification
-    kernel): by default exactly the per-request path's bonus token (sampling_probs then
-    verify on the root); with gumbel=True the Gumbel-max draw (another token for some seeds,
-    always one the rules keep; greedy requests unchanged)."""
+def test_requests_without_drafts_under_both_root_draws(device):
+    """Root-only trees: by default exactly the per-request path's bonus token (sampling_probs
+    then verify on the root); with gumbel=True one ``specd::sample_tokens`` call with the
+    Gumbel-max draw (another token for some seeds, always one the rules keep; greedy requests
+    unchanged), and ``_sample_roots``' inverse-CDF form gives the default's tokens. A NaN row
+    fails its request alone."""
     dev = _device_or_skip(device)
     for seed in range(5):
         items, trees, dists, logits = _roots_case(seed, dev)
@@ -201,4 +202,13 @@ def test_requests_without_drafts_sample_their_row_once(device):
                 assert list(gg.tokens) == list(g.tokens)
             differs = differs or list(gg.tokens) != list(g.tokens)
         assert differs
+        from specd.engine.batch_verify import _sample_roots
+        group = [(it, (i, i + 1)) for i, it in enumerate(items)]
+        direct = _sample_roots(group, logits, False, False)
+        assert [list(d.tokens) for d in direct] == [list(want[it.request.id].tokens) for it in items]
+    items, trees, dists, logits = _roots_case(9, dev)
+    logits[2, 5] = float("nan")
+    got = verify_inputs(items, trees, logits, dists, gumbel=True)
+    assert got[2].error.startswith("request 2: verification failed (sampling status 2)")
+    assert all(got[it.request.id].error is None for it in items if it.request.id != 2)
 

@@ -340,10 +340,11 @@ def test_speculative_sampling_follows_the_target_distribution(models, width):
 
 @pytest.mark.parametrize("root_draw", ["inverse_cdf", "gumbel"])
 def test_plain_sampling_follows_the_target_distribution(models, root_draw):
-    """Plain decoding (no drafts: every step samples through ``specd.ops.sample_tokens``),
-    under both draw rules of KernelChoice.root_draw: the first sampled token of 3,000 seeds
-    follows the target's next-token distribution (temperature 0.8, chi-square, alpha =
-    0.001), and the two rules draw other tokens for the same seeds."""
+    """Plain decoding (no drafts: every step is a root-only tree), under both draws of
+    KernelChoice.root_draw (verification of the root; ``specd.ops.sample_tokens`` with the
+    Gumbel-max draw): the first sampled token of 3,000 seeds follows the target's next-token
+    distribution (temperature 0.8, chi-square, alpha = 0.001), and the two draw other tokens
+    for the same seeds."""
     _, target, _, prompts, _ = models
     n = 3000
     params = [specd.SamplingParams(temperature=0.8, max_tokens=1, ignore_eos=True, seed=s) for s in range(n)]

@@ -9,10 +9,13 @@ requests at once so that the host waits for the device as few times as possible.
   verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
   vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
   copy. Requests whose drafts came from the draft model (with their distributions) and
-  model-free ones (one-hot drafts) are two groups, two op calls each. Requests without
-  drafts (a root-only tree: k = 0) are a third group, one ``specd::sample_tokens`` call
-  without probability rows: its inverse-CDF draw is the verifier's bonus draw, or with
-  ``KernelChoice.root_draw = "gumbel"`` the Gumbel-max draw.
+  model-free ones (one-hot drafts) are two groups, two op calls each. With
+  ``KernelChoice.root_draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
+  are a third group: one ``specd::sample_tokens`` call with the Gumbel-max draw, no
+  probability rows. (By default they stay in the second group: ``sample_tokens``' own
+  inverse-CDF draw gives the same token but recomputes the exponentials in each of its
+  passes, and measured 0.7-0.8x the time of the probability rows plus verification on the
+  CPU for rows without a cut, bench/root_sampling.py.)
 
 A request whose rows hold a NaN or +inf logit, or no finite one (or whose sampling parameters
 the ops reject) gets ``VerifyInputs.error``, a message naming it, instead of a result; the
@@ -84,14 +87,15 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
                                             f"rows {[int(r) for r in np.flatnonzero(finite[a:b] == 0)]} of its "
                                             "tree hold NaN or +inf, or no finite value")
     sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
-    roots = [(it, span) for it, span in sampled if span[1] - span[0] == 1]
+    roots = [(it, span) for it, span in sampled if span[1] - span[0] == 1] if gumbel else []
     if roots:
         for (it, _), result in zip(roots, _sample_roots(roots, logits, cluster, gumbel)):
             if isinstance(result, str):
                 out[it.request.id].error = result
             else:
                 out[it.request.id].result = result
-    sampled = [(it, span) for it, span in sampled if span[1] - span[0] > 1]
+    if roots:
+        sampled = [(it, span) for it, span in sampled if span[1] - span[0] > 1]
     for drafted in (True, False):
         group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
         if group:
@@ -146,9 +150,10 @@ def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tupl
 def _sample_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Tensor, cluster: bool,
                   gumbel: bool) -> list[Union[VerifyOutput, str]]:
     """Sampled requests without drafts (root-only trees): one token each from its row by
-    ``specd::sample_tokens``, whose inverse-CDF draw is the one stochastic verification of a
-    root-only tree makes (sampling_batch.h: the verifier's final draw, the same key), without
-    writing a probability row; or by the Gumbel-max rule (``gumbel``). One copy back."""
+    ``specd::sample_tokens``, without writing a probability row: by the Gumbel-max rule
+    (``gumbel``), or by its inverse-CDF draw, the one stochastic verification of a root-only
+    tree makes (sampling_batch.h: the verifier's final draw, the same key; the engine uses this
+    form only in bench/root_sampling.py). One copy back."""
     reqs = [it.request for it, _ in group]
     params, keys = _sampling_words(reqs, np.ones(len(reqs), dtype=np.int64), logits.device)
     index = [a for _, (a, _) in group]

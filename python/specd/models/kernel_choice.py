@@ -22,12 +22,13 @@ kernel has more than one (docs/cuda.md). The defaults follow what the H100 measu
   for sampled rows and 3x for stochastic verification on the H100.
 
 - ``root_draw``: how the target's sampled requests draw the token of a step without drafts
-  (k = 0: plain decoding, or the controller speculating nothing), which goes through
-  ``specd.ops.sample_tokens`` (no probability row is written). ``"inverse_cdf"`` (default):
-  the verifier's draw, so the token is the one stochastic verification of a root-only tree
-  gives. ``"gumbel"``: the Gumbel-max rule (``DrawRule::kGumbelMax``, sampling_batch.h): the
-  same distribution, other tokens for the same seed, and one pass over a row without a
-  top-k/top-p/min-p cut instead of about five. Not yet timed on a GPU, so not the default.
+  (k = 0: plain decoding, or the controller speculating nothing). ``"inverse_cdf"``
+  (default): stochastic verification of the root-only tree (the probability row, then the
+  verifier's draw), as every step with drafts. ``"gumbel"``: ``specd.ops.sample_tokens``
+  with the Gumbel-max rule (``DrawRule::kGumbelMax``, sampling_batch.h), no probability row:
+  the same distribution, other tokens for the same seed, and one pass over a row without a
+  top-k/top-p/min-p cut. 1.1-1.4x faster on the CPU (bench/root_sampling.py); not yet timed
+  on a GPU, so not the default.
 
 ``grouped_attention`` and ``cluster_rows`` have no effect on the CPU, where the ops run their
 float32 references; ``root_draw`` changes seeded tokens everywhere.

@@ -43,7 +43,7 @@ namespace specd::detail {
 // kFinalDraw).
 inline constexpr uint32_t kGumbelHighDraw = 0x80000000u;
 inline constexpr uint32_t kGumbelLowDraw = 0x40000000u;
-inline constexpr int32_t kGumbelGroup = 8;  // tokens per high-bits Philox call
+inline constexpr int32_t kGumbelGroup = 8;  // tokens per high-bits Philox call (= kLoadGroup)
 
 #if defined(__CUDA_ARCH__)
 SPECD_HOST_DEVICE inline double exact_div(double a, double b) { return __ddiv_rn(a, b); }

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "specd/detail/gumbel.h"
+#include "specd/detail/logit_rows.h"
 #include "specd/detail/sample_row.h"
 #include "specd/host_device.h"
 #include "specd/sampling.h"
@@ -27,6 +28,8 @@
 
 namespace specd::detail {
 
+static_assert(kGumbelGroup == kLoadGroup, "a Philox call serves one load group");
+
 // A Block may offer warp_max(float): the largest value among the threads of this thread's
 // warp (every lane calls it; uniform control flow). The screen then uses the warp's best key
 // instead of the thread's own, and rules out more tokens.
@@ -34,26 +37,6 @@ template <class Block, class = void>
 struct HasWarpMax : std::false_type {};
 template <class Block>
 struct HasWarpMax<Block, decltype(void(std::declval<Block&>().warp_max(0.0f)))> : std::true_type {};
-
-// Logits i0 .. i0 + 7 of a row of `vocab` (-inf past its end). Readers with load8 (the
-// device's vector loads, logit_rows.h) take it for whole groups.
-template <class Load, class = void>
-struct HasLoad8 : std::false_type {};
-template <class Load>
-struct HasLoad8<Load, decltype(void(std::declval<const Load&>().load8(0, std::declval<float (&)[kGumbelGroup]>())))>
-    : std::true_type {};
-
-template <class Load>
-SPECD_HOST_DEVICE void load_group(const Load& load, int32_t i0, int32_t vocab, float (&v)[kGumbelGroup]) {
-  if constexpr (HasLoad8<Load>::value) {
-    if (i0 + kGumbelGroup <= vocab) {
-      load.load8(i0, v);
-      return;
-    }
-  }
-  SPECD_UNROLL
-  for (int32_t j = 0; j < kGumbelGroup; ++j) v[j] = i0 + j < vocab ? load(i0 + j) : -INFINITY;
-}
 
 // The screen table: bounds[k] = gumbel_bucket_bound(k) for k < kGumbelBuckets (the kernels
 // fill their shared copy with a block's threads instead).

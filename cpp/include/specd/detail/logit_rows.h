@@ -1,9 +1,12 @@
-// Readers of one row of a LogitRows matrix (sampling_batch.h) for each LogitsDtype, and the
+// Readers of one row of a LogitRows matrix (sampling_batch.h) for each LogitsDtype, the
 // dispatch from the runtime dtype to a reader type, shared by the CPU functions and the CUDA
-// launchers of batched sampling and verification.
+// launchers of batched sampling and verification, and the grouped (vector-load) walk of a row.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "specd/detail/bits.h"
 #include "specd/host_device.h"
@@ -75,6 +78,55 @@ struct BFloat16Row {
     for (int32_t j = 0; j < 8; ++j) v[j] = bfloat16_to_float(data[i0 + j]);
   }
 };
+
+// Logits i0 .. i0 + 7 of a row of `n` (-inf past its end). Readers with load8 take it for
+// whole groups (on the device: vector loads); others, and a last partial group, read each.
+inline constexpr int32_t kLoadGroup = 8;
+template <class Load, class = void>
+struct HasLoad8 : std::false_type {};
+template <class Load>
+struct HasLoad8<Load, decltype(void(std::declval<const Load&>().load8(0, std::declval<float (&)[kLoadGroup]>())))>
+    : std::true_type {};
+
+template <class Load>
+SPECD_HOST_DEVICE void load_group(const Load& load, int32_t i0, int32_t n, float (&v)[kLoadGroup]) {
+  if constexpr (HasLoad8<Load>::value) {
+    if (i0 + kLoadGroup <= n) {
+      load.load8(i0, v);
+      return;
+    }
+  }
+  for (int32_t j = 0; j < kLoadGroup; ++j) v[j] = i0 + j < n ? load(i0 + j) : -INFINITY;
+}
+
+// Groups of kLoadGroup consecutive logits in flight per thread in for_each_group.
+inline constexpr int32_t kGroupsInFlight = 2;
+
+// Calls fn(i, logit i) for every i < n of this thread's groups (group g holds ids 8g ..
+// 8g + 7; thread rank takes groups rank, rank + size, ...), kGroupsInFlight groups' loads
+// issued before their first use. The ORDER differs from for_each_strided's (a thread visits
+// 8 consecutive ids, then jumps): only for passes whose result does not depend on the order
+// (any, max, argmax with its id tie-break), never for sums. With one thread: id order.
+template <class Block, class Load, class Fn>
+SPECD_HOST_DEVICE void for_each_group(const Block& b, int32_t n, const Load& load, const Fn& fn) {
+  const int64_t groups = (int64_t{n} + kLoadGroup - 1) / kLoadGroup;
+  const int64_t step = b.size();
+  for (int64_t g0 = b.rank(); g0 < groups; g0 += kGroupsInFlight * step) {
+    float v[kGroupsInFlight][kLoadGroup];
+    for (int32_t u = 0; u < kGroupsInFlight; ++u) {
+      const int64_t g = g0 + u * step;
+      if (g < groups) load_group(load, static_cast<int32_t>(g * kLoadGroup), n, v[u]);
+    }
+    for (int32_t u = 0; u < kGroupsInFlight; ++u) {
+      const int64_t g = g0 + u * step;
+      if (g >= groups) break;
+      for (int32_t j = 0; j < kLoadGroup; ++j) {
+        const int64_t i = g * kLoadGroup + j;
+        if (i < n) fn(static_cast<int32_t>(i), v[u][j]);
+      }
+    }
+  }
+}
 
 // Calls fn(Row{}) with the reader type of `dtype` and returns its result (the argument only
 // carries the type; rows are made with Row::at). dtype must be valid (validate_logit_rows).

@@ -22,6 +22,7 @@
 
 #include "specd/detail/bits.h"
 #include "specd/detail/block_algorithms.h"
+#include "specd/detail/logit_rows.h"
 #include "specd/detail/sampling_rules.h"
 #include "specd/host_device.h"
 #include "specd/philox.h"
@@ -122,7 +123,11 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   *plan = RowPlan{};
   plan->keep_floor = -INFINITY;
   if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
-  // Validation and argmax in one pass (sampling_probs: NaN/+inf first, then all -inf).
+  // Validation and argmax in one pass (sampling_probs: NaN/+inf first, then all -inf). (The
+  // grouped vector-load walk, for_each_group, would be exact here too, but in the clustered
+  // kernels' 64 registers it raised ptxas sm_90's spills, 256 -> 292-476 bytes for
+  // sample_tokens, 0 -> 52-364 for the Gumbel kernel, even when only greedy rows took it:
+  // left for a GPU session to time.)
   bool bad = false;
   ArgMax best = empty_argmax();
   for_each_strided<2 * kLoadBatch>(b, vocab, load, [&](int32_t i, float l) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "specd/detail/block_algorithms.h"
+#include "specd/detail/logit_rows.h"
 #include "specd/detail/sampling_rules.h"
 #include "specd/host_device.h"
 #include "specd/philox.h"
@@ -185,7 +186,7 @@ template <class Block, class Row>
 SPECD_HOST_DEVICE VerifyStatus row_argmax(Block& b, const Row& row, int32_t vocab, int32_t* token) {
   bool nan = false;
   ArgMax best = empty_argmax();
-  for_each_strided<2 * kLoadBatch>(b, vocab, row, [&](int32_t i, float v) {
+  for_each_group(b, vocab, row, [&](int32_t i, float v) {  // order-independent: grouped loads
     if (v != v) nan = true;
     else best = better(best, ArgMax{v, i});
   });
