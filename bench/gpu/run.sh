@@ -26,7 +26,9 @@
 #                      call of each sampling case of bench/gpu/profile_sampling.py (speed of
 #                      light, occupancy, warp states, pipes, memory): what bounds the sampling
 #                      passes; report in $OUT/profile.log, then the same cases timed without the
-#                      profiler (profile_sampling.py --time --graph: device µs per call, CUDA-graph replays)
+#                      profiler (profile_sampling.py --time --graph: device µs per call, CUDA-graph replays),
+#                      and bench/root_sampling.py --device cuda (draft-less sampled steps: verify
+#                      the root vs sample_tokens, inverse-CDF and Gumbel-max draws)
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
 # bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage, 9 with both
 # opt-in stages: then leave out bench, as $OUT returns at most 8 files); a short table is
@@ -197,6 +199,8 @@ if [[ " $STAGES " == *" profile "* ]]; then  # opt-in: hardware counters of the 
       "$OUT_DIR/profile.log" | head -60 | tee -a "$SUMMARY"
     stage profile_time profile 60 "$PYTHON" "$ROOT/bench/gpu/profile_sampling.py" --time --graph
     grep -E "us per call" "$OUT_DIR/profile.log" | tee -a "$SUMMARY"
+    stage root_sampling profile 90 "$PYTHON" "$ROOT/bench/root_sampling.py" --device cuda --reps 9
+    grep -E "^(temperature|top-p)" "$OUT_DIR/profile.log" | tail -6 | tee -a "$SUMMARY"
   fi
 fi
 
