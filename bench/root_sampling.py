@@ -4,7 +4,7 @@ nothing): the engine's verification inputs for a batch of them, three ways.
     python bench/root_sampling.py [--device cpu|cuda] [--batches 1,16,64] [--vocab 151936]
                                   [--reps 9] [--json F]
 
-- "verify root": the engine's default (KernelChoice.root_draw = "inverse_cdf"), as for
+- "verify root": the engine's default (KernelChoice.draw = "inverse_cdf"), as for
   requests with drafts: ``specd::sampling_probs`` writes each request's probability row, then
   ``specd::verify_stochastic`` draws the bonus token of its root-only tree from it.
 - "sample_tokens": one ``specd::sample_tokens`` call (engine/batch_verify.py
@@ -12,7 +12,7 @@ nothing): the engine's verification inputs for a batch of them, three ways.
   GPU the two kernels sum in other orders, so a draw within ~1e-15 of a CDF step may differ:
   counted and printed). Not an engine path: measured to decide whether it should be.
 - "gumbel": the same call with the Gumbel-max draw, the engine's path under
-  KernelChoice.root_draw = "gumbel": other tokens, the same distribution.
+  KernelChoice.draw = "gumbel": other tokens, the same distribution.
 
 SYNTHETIC logits (N(0, 4), seeded), temperature 0.8 with no cut, then top-p 0.9. ms per call
 of ``verify_inputs``-level work (the packing, the ops, the one copy back), the median of

@@ -15,8 +15,9 @@ head_dim 128 (target) / 64 (draft), 28 layers, bf16 KV, block 16):
                  rows (temperature 0.8 and top-p 0.9, bf16), and its _out form (what the draft
                  graph calls) vs the functional op plus a copy into the buffer; "... cluster":
                  the same calls with cluster=True (a thread-block cluster of 8 blocks per row,
-                 sm_90+) vs one block per row; "sample_tokens cluster gumbel": the Gumbel-max
-                 draw (gumbel=True) vs the clustered inverse-CDF draw, sampled modes
+                 sm_90+) vs one block per row; "... cluster gumbel": the Gumbel-max draw
+                 (gumbel=True) vs the clustered inverse-CDF draw (sample_tokens' sampled modes,
+                 sample_tokens_and_probs' rows)
   verification   64 x k 8 chains (576 nodes) x 152k: ops.verify_greedy from the logits (fp32 and
                  bf16 rows) and ops.verify_greedy_tokens from the target's token ids (the
                  "<20 us for batch 64 x k 8 x vocab 152k" target: no logits read at all) vs
@@ -342,6 +343,14 @@ def bench_sampling(s: Setup) -> list[dict]:
             diff = float((c_probs - probs).abs().max())
             out.append(row(s, "sample_tokens_and_probs cluster", shape, clustered, "one block per row", specd,
                            f"tokens equal={torch.equal(c_tokens, tokens)}, probs max|diff|={diff:.1e}",
+                           rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
+            # The Gumbel-max draw from the written rows (KernelChoice(draw="gumbel") of a draft).
+            g_tokens, g_probs, g_status = ops.sample_tokens_and_probs(logits, params, k_rows, cluster=True, gumbel=True)
+            gumbel = s.measure(lambda: ops.sample_tokens_and_probs(logits, params, k_rows, cluster=True, gumbel=True))
+            kept = bool((g_probs.gather(1, g_tokens.long()[:, None]) > 0).all())
+            out.append(row(s, "sample_tokens_and_probs cluster gumbel", shape, gumbel, "cluster, inverse-CDF draw",
+                           clustered, f"rows equal={torch.equal(g_probs, c_probs)}, statuses ok="
+                           f"{not bool(g_status.any())}, tokens kept={kept}",
                            rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))
     return out
 

@@ -13,9 +13,9 @@ profiles exactly one launch per case and its report names the case in the NVTX s
   top_p             sample_tokens, 64 rows bf16, top-p 0.9 (cluster per row)
   draft_row         sample_tokens_and_probs, 1 row bf16, temperature 0.8 (cluster per row: the
                     draft loop's call)
-  temperature_gumbel, top_p_gumbel
-                    temperature and top_p with the Gumbel-max draw (gumbel=True; written in
-                    the eighteenth session, not yet run on a GPU)
+  temperature_gumbel, top_p_gumbel, draft_row_gumbel
+                    temperature, top_p and draft_row with the Gumbel-max draw (gumbel=True;
+                    written in the eighteenth session, not yet run on a GPU)
 
 Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profile/" --section
 SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases.
@@ -46,6 +46,7 @@ CASES = {  # name: (rows, temperature, top_p, cluster, with probabilities, Gumbe
     "draft_row": (1, 0.8, 1.0, True, True, False),
     "temperature_gumbel": (64, 0.8, 1.0, True, False, True),
     "top_p_gumbel": (64, 1.0, 0.9, True, False, True),
+    "draft_row_gumbel": (1, 0.8, 1.0, True, True, True),
 }
 VOCAB = 151936
 
@@ -62,7 +63,7 @@ def case_call(name: str, dev: torch.device, vocab: int, dtype: torch.dtype) -> C
     keys = ops.pack_rng_keys(torch.tensor(7, device=dev), torch.arange(rows, device=dev), torch.tensor(1, device=dev),
                              torch.arange(rows, device=dev))
     if with_probs:
-        return lambda: ops.sample_tokens_and_probs(logits, params, keys, cluster=cluster)
+        return lambda: ops.sample_tokens_and_probs(logits, params, keys, cluster=cluster, gumbel=gumbel)
     if gumbel:
         return lambda: ops.sample_tokens(logits, params, keys, cluster=cluster, gumbel=True)
     return lambda: ops.sample_tokens(logits, params, keys, cluster=cluster)

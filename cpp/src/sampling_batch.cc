@@ -89,15 +89,23 @@ Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* p
 }
 
 Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                                   int32_t* tokens, float* probs, int32_t* status) {
+                                   int32_t* tokens, float* probs, int32_t* status, DrawRule draw) {
   SPECD_RETURN_IF_ERROR(validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status));
+  SPECD_RETURN_IF_ERROR(validate_draw_rule(draw));
   detail::SerialBlock block;
+  float bounds[detail::kGumbelBuckets];
+  if (draw == DrawRule::kGumbelMax) detail::fill_gumbel_bounds(bounds);
   detail::dispatch_logits_dtype(logits.dtype, [&](auto tag) {
     using Row = decltype(tag);
-    for (int32_t r = 0; r < logits.rows; ++r)
-      status[r] = static_cast<int32_t>(detail::probs_row(block, Row::at(logits.data, r * logits.stride),
-                                                         logits.vocab, params[r], probs + int64_t{r} * logits.vocab,
-                                                         &rng[r], &tokens[r]));
+    detail::RowPlan plan;
+    for (int32_t r = 0; r < logits.rows; ++r) {
+      const Row row = Row::at(logits.data, r * logits.stride);
+      float* out = probs + int64_t{r} * logits.vocab;
+      status[r] = static_cast<int32_t>(
+          draw == DrawRule::kGumbelMax
+              ? detail::gumbel_probs_row(block, row, logits.vocab, params[r], out, rng[r], bounds, &tokens[r], plan)
+              : detail::probs_row(block, row, logits.vocab, params[r], out, &rng[r], &tokens[r], plan));
+    }
   });
   return Status::Ok();
 }

@@ -26,25 +26,37 @@ constexpr int kSampleClusterMinBlocks = 4;
 constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
 
+// Where a row function keeps its RowPlan (sample_row.h): in shared memory for the clustered
+// kernels (in registers it spilled there), else `local` (registers).
+template <bool kShared>
+__device__ specd::detail::RowPlan& row_plan(specd::detail::RowPlan& local) {
+  __shared__ specd::detail::RowPlan shared;
+  return kShared ? shared : local;
+}
+
+// The Gumbel-max screen's table (gumbel.h), filled by the block's threads.
+__device__ void fill_bounds(float* bounds) {
+  for (int32_t k = static_cast<int32_t>(threadIdx.x); k < specd::detail::kGumbelBuckets;
+       k += static_cast<int32_t>(blockDim.x))
+    bounds[k] = specd::detail::gumbel_bucket_bound(k);
+  __syncthreads();
+}
+
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
 // kGumbel: DrawRule::kGumbelMax (each block first fills its copy of the screen table).
 template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
-  __shared__ specd::detail::RowPlan shared_plan;
   __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   specd::detail::RowPlan local_plan;
-  specd::detail::RowPlan& plan = kSharedPlan ? shared_plan : local_plan;
+  specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
   SampleStatus s;
   if constexpr (kGumbel) {
-    for (int32_t k = static_cast<int32_t>(threadIdx.x); k < specd::detail::kGumbelBuckets;
-         k += static_cast<int32_t>(blockDim.x))
-      bounds[k] = specd::detail::gumbel_bucket_bound(k);
-    __syncthreads();
+    fill_bounds(bounds);
     s = specd::detail::gumbel_token_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
   } else {
     s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
@@ -55,21 +67,28 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   }
 }
 
-// rng and tokens null: probabilities only; else also the token drawn from each row.
-template <class Row, bool kSharedPlan, class B>
+// rng and tokens null: probabilities only; else also the token drawn from each row
+// (kGumbel: by DrawRule::kGumbelMax, rng and tokens non-null).
+template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                           const RngKey* rng, int32_t* tokens, float* probs, int32_t* status) {
-  __shared__ specd::detail::RowPlan shared_plan;
+  __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   specd::detail::RowPlan local_plan;
-  specd::detail::RowPlan& plan = kSharedPlan ? shared_plan : local_plan;
+  specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   RngKey key{};
   if (rng != nullptr) key = rng[r];
   int32_t token = -1;
-  const SampleStatus s = specd::detail::probs_row(block, row, logits.vocab, row_params,
-                                                  probs + int64_t{r} * logits.vocab, rng != nullptr ? &key : nullptr,
-                                                  tokens != nullptr ? &token : nullptr, plan);
+  float* out = probs + int64_t{r} * logits.vocab;
+  SampleStatus s;
+  if constexpr (kGumbel) {
+    fill_bounds(bounds);
+    s = specd::detail::gumbel_probs_row(block, row, logits.vocab, row_params, out, key, bounds, &token, plan);
+  } else {
+    s = specd::detail::probs_row(block, row, logits.vocab, row_params, out, rng != nullptr ? &key : nullptr,
+                                 tokens != nullptr ? &token : nullptr, plan);
+  }
   if (block.rank() == 0) {
     status[r] = static_cast<int32_t>(s);
     if (tokens != nullptr) tokens[r] = token;
@@ -87,13 +106,14 @@ __global__ void __launch_bounds__(kThreads)
                                          status);
 }
 
-template <class Row>
+template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     sampling_probs_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
                           float* probs, int32_t* status) {
   __shared__ Block::Shared shared;
   Block block(&shared);
-  probs_row<Row, false>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs, status);
+  probs_row<Row, false, kGumbel>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs,
+                                 status);
 }
 
 // A cluster of kRowSplitClusterBlocks blocks per row (launched with the cluster dimension
@@ -112,15 +132,15 @@ __global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
 #endif
 }
 
-template <class Row>
+template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kClusterThreads, kProbsClusterMinBlocks)
     sampling_probs_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng,
                                   int32_t* tokens, float* probs, int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
-  probs_row<Row, true>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng, tokens,
-                       probs, status);
+  probs_row<Row, true, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
+                                tokens, probs, status);
   block.finish();
 #endif
 }
@@ -154,22 +174,29 @@ cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* 
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return detail::launch_rows(split, sampling_probs_kernel<Row>, kThreads, sampling_probs_cluster_kernel<Row>,
-                               kClusterThreads, logits.rows, stream, logits, params,
-                               static_cast<const RngKey*>(nullptr), static_cast<int32_t*>(nullptr), probs, status);
+    return detail::launch_rows(split, sampling_probs_kernel<Row, false>, kThreads,
+                               sampling_probs_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
+                               params, static_cast<const RngKey*>(nullptr), static_cast<int32_t*>(nullptr), probs,
+                               status);
   });
 }
 
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    RowSplit split) {
-  if (!validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status).ok())
+                                    RowSplit split, DrawRule draw) {
+  if (!validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status).ok() ||
+      !validate_draw_rule(draw).ok())
     return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    return detail::launch_rows(split, sampling_probs_kernel<Row>, kThreads, sampling_probs_cluster_kernel<Row>,
-                               kClusterThreads, logits.rows, stream, logits, params, rng, tokens, probs, status);
+    if (draw == DrawRule::kGumbelMax)
+      return detail::launch_rows(split, sampling_probs_kernel<Row, true>, kThreads,
+                                 sampling_probs_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,
+                                 logits, params, rng, tokens, probs, status);
+    return detail::launch_rows(split, sampling_probs_kernel<Row, false>, kThreads,
+                               sampling_probs_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
+                               params, rng, tokens, probs, status);
   });
 }
 

@@ -150,14 +150,15 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sample_tokens_and_probs_batch_cpu",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, bool gumbel) {
         check(sample_tokens_and_probs_cpu(logit_rows(logits, dtype, rows, vocab, stride),
                                           ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
-                                          ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status)));
+                                          ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
+                                          draw_rule(gumbel)));
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
-      py::arg("status_ptr"),
-      "sample_tokens_and_probs_cpu (specd/sampling_batch.h) on host pointers: int32 tokens [rows], "
+      py::arg("status_ptr"), py::arg("gumbel") = false,
+      "sample_tokens_and_probs_cpu (specd/sampling_batch.h) on host pointers (gumbel: DrawRule::kGumbelMax): int32 tokens [rows], "
       "float32 probs [rows, vocab] and int32 status out.");
   m.def(
       "verify_greedy_batch_cpu",
@@ -237,20 +238,20 @@ void bind_spec_kernels(py::module_& m) {
       "sample_tokens_and_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
          uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, uintptr_t stream,
-         bool cluster) {
+         bool cluster, bool gumbel) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                ptr<const int32_t>(tokens), ptr<const float>(probs),
                                                ptr<const int32_t>(status)));
         check_launch(cuda::sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                    ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
-                                                   as_stream(stream), row_split(cluster)),
+                                                   as_stream(stream), row_split(cluster), draw_rule(gumbel)),
                      "sample_tokens_and_probs");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
-      py::arg("status_ptr"), py::arg("stream"), py::arg("cluster") = false,
-      "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync); cluster: "
-      "as sample_tokens_batch_cuda.");
+      py::arg("status_ptr"), py::arg("stream"), py::arg("cluster") = false, py::arg("gumbel") = false,
+      "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync); cluster and "
+      "gumbel: as sample_tokens_batch_cuda.");
   m.def("sampling_clusters_available", &cuda::sampling_clusters_available,
         "Whether the clustered sampling kernels run on the current CUDA device (sm_90+ with cluster "
         "launch; elsewhere cluster=True falls back to one block per row).");

@@ -4,6 +4,7 @@
 // distribution it draws from (chi-square against sampling_probs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -209,8 +210,7 @@ TEST(GumbelRows, HalfAndBFloat16RowsDrawAsTheirFloatValues) {
 }
 
 TEST(GumbelRows, ReportsBadRowsAndRules) {
-  const std::vector<float> x{0.0f, NAN, 1.0f, -INFINITY, INFINITY, -INFINITY, -INFINITY, 2.0f};
-  // rows: NaN, +inf, all -inf (3 wide each, stride 3 over a padded copy)
+  // rows: NaN, +inf, all -inf, bad parameters (3 wide each)
   const std::vector<float> rows{1.0f, NAN, 0.0f, 2.0f, INFINITY, 1.0f, -INFINITY, -INFINITY, -INFINITY, 0.5f, 0.0f, 1.0f};
   std::vector<SamplingParams> params(4);
   params[3].temperature = -1;
@@ -223,7 +223,6 @@ TEST(GumbelRows, ReportsBadRowsAndRules) {
   SPECD_EXPECT_CODE(sample_tokens_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, 4, 3, 3}, params.data(), keys.data(),
                                       t.data(), st.data(), static_cast<DrawRule>(5)),
                     kInvalidArgument);
-  (void)x;
 }
 
 // Draws over many keys follow the rule's distribution (sampling_probs), with and without cuts,
@@ -287,6 +286,129 @@ TEST(GumbelRows, FlatWideRowsDrawUniformly) {
   }
   const ChiSquare test = chi_square_test(counts, std::vector<double>(16, 1.0 / 16));
   EXPECT_GT(test.p_value, 1e-4) << "chi-square " << test.statistic;
+}
+
+// The probability rows' Gumbel-max draw: the same rows as the inverse-CDF call, bit for bit,
+// and the token of largest deterministic_log(q) + g among the written q > 0, computed here
+// without a screen.
+int32_t unscreened_probs_gumbel(const std::vector<float>& q, const RngKey& k) {
+  double best = -INFINITY;
+  int32_t id = -1;
+  for (std::size_t i = 0; i < q.size(); ++i) {
+    if (!(q[i] > 0)) continue;
+    const auto ii = static_cast<int32_t>(i);
+    const uint32_t high = detail::philox_half(detail::gumbel_high_bits(k, ii / 8), ii % 8);
+    const double key = detail::deterministic_log(static_cast<double>(q[i])) +
+                       detail::gumbel_from_bits(detail::gumbel_bits(k, ii, high));
+    if (key > best) {
+      best = key;
+      id = ii;
+    }
+  }
+  return id;
+}
+
+TEST(GumbelProbsRows, SameRowsAndTheUnscreenedToken) {
+  std::mt19937_64 g(7);
+  for (int32_t vocab : {1, 7, 8, 9, 64, 333, 5000}) {
+    const SamplingCase c = random_sampling_case(&g, 60, vocab);
+    const auto n = static_cast<std::size_t>(c.rows);
+    std::vector<int32_t> tokens(n), st(n), icdf_tokens(n), icdf_st(n);
+    std::vector<float> probs(n * static_cast<std::size_t>(vocab), -1.0f), icdf_probs(probs.size(), -2.0f);
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), tokens.data(), probs.data(),
+                                                st.data(), DrawRule::kGumbelMax));
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), icdf_tokens.data(),
+                                                icdf_probs.data(), icdf_st.data()));
+    EXPECT_EQ(st, icdf_st) << "vocab " << vocab;
+    EXPECT_TRUE(probs == icdf_probs) << "vocab " << vocab << ": the rows differ";
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      if (st[ur] != 0) {
+        EXPECT_EQ(tokens[ur], -1);
+        continue;
+      }
+      const std::vector<float> row(probs.begin() + static_cast<std::ptrdiff_t>(ur * vocab),
+                                   probs.begin() + static_cast<std::ptrdiff_t>((ur + 1) * vocab));
+      if (c.params[ur].temperature == 0) {
+        EXPECT_EQ(tokens[ur], icdf_tokens[ur]);
+        continue;
+      }
+      EXPECT_EQ(tokens[ur], unscreened_probs_gumbel(row, c.keys[ur])) << "vocab " << vocab << " row " << r;
+    }
+  }
+  SPECD_EXPECT_CODE(sample_tokens_and_probs_cpu(LogitRows{nullptr, LogitsDtype::kFloat32, 0, 4, 4}, nullptr, nullptr,
+                                                nullptr, nullptr, nullptr, static_cast<DrawRule>(-1)),
+                    kInvalidArgument);
+}
+
+TEST(GumbelProbsRows, SeveralThreadsPerRowMatchOneThread) {
+  std::mt19937_64 g(8);
+  const std::vector<float> table = bounds_table();
+  for (int32_t threads : {2, 3, 8}) {
+    const int32_t vocab = 700;
+    const SamplingCase c = random_sampling_case(&g, 20, vocab);
+    const auto n = static_cast<std::size_t>(c.rows);
+    std::vector<int32_t> want(n), want_status(n);
+    std::vector<float> want_probs(n * vocab);
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), want.data(),
+                                                want_probs.data(), want_status.data(), DrawRule::kGumbelMax));
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto row = detail::Float32Row::at(c.logits.data(), r * c.stride);
+      std::vector<float> probs(static_cast<std::size_t>(vocab), -1.0f);
+      int32_t token = -9, status = -9;
+      run_threaded(threads, [&](ThreadedBlock& b) {
+        detail::RowPlan plan;
+        int32_t t = -1;
+        const SampleStatus s =
+            detail::gumbel_probs_row(b, row, vocab, c.params[ur], probs.data(), c.keys[ur], table.data(), &t, plan);
+        if (b.rank() == 0) {
+          token = t;
+          status = static_cast<int32_t>(s);
+        }
+      });
+      EXPECT_EQ(status, want_status[ur]) << threads << " threads, row " << r;
+      EXPECT_EQ(token, want[ur]) << threads << " threads, row " << r;
+      EXPECT_TRUE(std::equal(probs.begin(), probs.end(), want_probs.begin() + static_cast<std::ptrdiff_t>(ur * vocab)))
+          << threads << " threads, row " << r;
+    }
+  }
+}
+
+// Tokens drawn over many keys follow the written rows (chi-square), cuts included.
+TEST(GumbelProbsRows, DrawsFollowTheWrittenRow) {
+  const std::vector<float> logits{1.0f, 0.2f, -0.5f, 2.0f, -INFINITY, 0.9f, -3.0f, 1.1f, 0.0f};
+  const auto vocab = static_cast<int32_t>(logits.size());
+  std::vector<SamplingParams> cases(3);
+  cases[0].temperature = 0.8;
+  cases[1].temperature = 1.5;
+  cases[1].top_k = 4;
+  cases[2].temperature = 1.0;
+  cases[2].top_p = 0.85;
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    const int32_t n = 50000;
+    std::vector<float> rows(static_cast<std::size_t>(n) * vocab);
+    for (int32_t r = 0; r < n; ++r) std::copy(logits.begin(), logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(r) * vocab);
+    std::vector<SamplingParams> params(static_cast<std::size_t>(n), cases[c]);
+    std::vector<RngKey> keys(static_cast<std::size_t>(n));
+    for (int32_t r = 0; r < n; ++r)
+      keys[static_cast<std::size_t>(r)] = RngKey{0xd1a7u + c, static_cast<uint32_t>(r), 1, static_cast<uint32_t>(r % 7)};
+    std::vector<int32_t> tokens(static_cast<std::size_t>(n)), st(tokens.size());
+    std::vector<float> probs(rows.size());
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, n, vocab, vocab},
+                                                params.data(), keys.data(), tokens.data(), probs.data(), st.data(),
+                                                DrawRule::kGumbelMax));
+    std::vector<int64_t> counts(static_cast<std::size_t>(vocab), 0);
+    for (int32_t r = 0; r < n; ++r) {
+      ASSERT_EQ(st[static_cast<std::size_t>(r)], 0);
+      const int32_t t = tokens[static_cast<std::size_t>(r)];
+      ASSERT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << "case " << c;
+      ++counts[static_cast<std::size_t>(t)];
+    }
+    const std::vector<double> want(probs.begin(), probs.begin() + vocab);  // every row is the same
+    const ChiSquare test = chi_square_test(counts, want);
+    EXPECT_GT(test.p_value, 1e-4) << "case " << c << ": chi-square " << test.statistic << " on " << test.df << " df";
+  }
 }
 
 }  // namespace

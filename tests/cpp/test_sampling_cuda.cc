@@ -9,6 +9,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -154,8 +155,8 @@ TEST(SamplingCuda, HalfAndBFloat16Logits) {
   }
 }
 
-TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
-  SPECD_SKIP_WITHOUT_GPU();
+// Rows with a NaN, a +inf, no finite logit, and bad parameters (statuses 2, 2, 3, 1).
+SamplingCase bad_rows_case() {
   SamplingCase c;
   c.rows = 4;
   c.vocab = 3;
@@ -165,6 +166,12 @@ TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
   bad.temperature = -1;
   c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
   c.keys.assign(4, RngKey{});
+  return c;
+}
+
+TEST(SamplingCuda, BadRowsGetStatusesNotErrors) {
+  SPECD_SKIP_WITHOUT_GPU();
+  const SamplingCase c = bad_rows_case();
   for (cuda::RowSplit split : kSplits) {
     GpuSampling gpu;
     run_gpu(c.logits, c.view(), c, &gpu, split);
@@ -218,6 +225,58 @@ void expect_gumbel_matches_cpu(const std::vector<T>& host_logits, LogitRows rows
   }
 }
 
+// sample_tokens_and_probs under kGumbelMax: the rows equal the inverse-CDF kernel's bit for
+// bit, and every row equal to the CPU's gets the CPU's token (the keys are computed alike).
+template <class T>
+void expect_gumbel_probs_match_cpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c,
+                                   const std::string& what) {
+  const auto n = static_cast<std::size_t>(c.rows);
+  const std::size_t cells = n * static_cast<std::size_t>(c.vocab);
+  std::vector<int32_t> cpu_tokens(n), cpu_status(n);
+  std::vector<float> cpu_probs(cells);
+  rows.data = host_logits.data();
+  ASSERT_TRUE(sample_tokens_and_probs_cpu(rows, c.params.data(), c.keys.data(), cpu_tokens.data(), cpu_probs.data(),
+                                          cpu_status.data(), DrawRule::kGumbelMax)
+                  .ok());
+  DeviceBuffer<T> logits(host_logits);
+  DeviceBuffer<SamplingParams> params(c.params);
+  DeviceBuffer<RngKey> keys(c.keys);
+  for (cuda::RowSplit split : kSplits) {
+    DeviceBuffer<int32_t> tokens(std::vector<int32_t>(n, 99)), status(std::vector<int32_t>(n, 99));
+    DeviceBuffer<int32_t> icdf_tokens(std::vector<int32_t>(n, 99)), icdf_status(std::vector<int32_t>(n, 99));
+    DeviceBuffer<float> probs(std::vector<float>(cells, -1.0f)), icdf_probs(std::vector<float>(cells, -2.0f));
+    ASSERT_TRUE(logits.get() && tokens.get() && probs.get() && icdf_probs.get());
+    rows.data = logits.get();
+    SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), tokens.get(), probs.get(),
+                                                status.get(), nullptr, split, DrawRule::kGumbelMax));
+    SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), icdf_tokens.get(), icdf_probs.get(),
+                                                icdf_status.get(), nullptr, split));
+    SPECD_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<float> got_probs = probs.to_host();
+    const std::vector<int32_t> got_tokens = tokens.to_host();
+    EXPECT_EQ(status.to_host(), cpu_status) << what << ", " << split_name(split);
+    EXPECT_TRUE(got_probs == icdf_probs.to_host()) << what << ", " << split_name(split) << ": rows differ";
+    int32_t equal_rows = 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto at = static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(c.vocab));
+      if (!std::equal(got_probs.begin() + at, got_probs.begin() + at + c.vocab, cpu_probs.begin() + at)) continue;
+      ++equal_rows;
+      EXPECT_EQ(got_tokens[r], cpu_tokens[r]) << what << ", " << split_name(split) << ", row " << r;
+    }
+    EXPECT_GT(equal_rows, c.rows / 2) << what << ", " << split_name(split);
+  }
+}
+
+TEST(SamplingCuda, GumbelDrawOfProbabilityRowsEqualsCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(26);
+  for (int32_t vocab : {7, 9, 513, 151936}) {
+    const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 16 : 150, vocab);
+    expect_gumbel_probs_match_cpu(c.logits, c.view(), c, "vocab " + std::to_string(vocab));
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST(SamplingCuda, GumbelDrawEqualsCpuExactly) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937_64 g(25);
@@ -242,15 +301,7 @@ TEST(SamplingCuda, GumbelDrawEqualsCpuExactly) {
 
 TEST(SamplingCuda, GumbelBadRowsGetStatuses) {
   SPECD_SKIP_WITHOUT_GPU();
-  SamplingCase c;
-  c.rows = 4;
-  c.vocab = 3;
-  c.stride = 3;
-  c.logits = {0, NAN, 1, /**/ 0, INFINITY, 1, /**/ -INFINITY, -INFINITY, -INFINITY, /**/ 0, 1, 2};
-  SamplingParams bad;
-  bad.temperature = -1;
-  c.params = {SamplingParams{}, SamplingParams{}, SamplingParams{}, bad};
-  c.keys.assign(4, RngKey{});
+  const SamplingCase c = bad_rows_case();
   expect_gumbel_matches_cpu(c.logits, c.view(), c, "bad rows");
 }
 

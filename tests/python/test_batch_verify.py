@@ -176,7 +176,7 @@ def _roots_case(seed, device="cpu"):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_requests_without_drafts_under_both_root_draws(device):
+def test_requests_without_drafts_under_both_draws(device):
     """Root-only trees: by default exactly the per-request path's bonus token (sampling_probs
     then verify on the root); with gumbel=True one ``specd::sample_tokens`` call with the
     Gumbel-max draw (another token for some seeds, always one the rules keep; greedy requests

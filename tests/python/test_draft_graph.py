@@ -150,6 +150,23 @@ def test_padded_buckets_and_stochastic_rows_propose_what_the_plain_loop_proposes
     assert [o.token_ids for o in again.generate(prompts, params)] == first  # reproducible
 
 
+def test_gumbel_draft_draws_match_between_the_runner_and_the_plain_loop(pair, monkeypatch):
+    """KernelChoice(draw="gumbel"): the draft's sampled tokens come from the Gumbel-max draw of
+    their rows; the graph runner proposes what the plain loop proposes (tokens and rows), and
+    the outputs differ from the inverse-CDF draw's for the same seeds (another draw, the same
+    distribution: test_engine's statistical test)."""
+    target, draft, prompts, _ = pair
+    params = [SamplingParams(temperature=0.9, top_p=0.95, max_tokens=MAX_TOKENS, ignore_eos=True, seed=i)
+              for i in range(len(prompts))]
+    plain = [o.token_ids for o in draft_llm(target, draft, 4, draft_graph=True).generate(prompts, params)]
+    llm = draft_llm(target, draft, 4, draft_graph=True, kernels=specd.KernelChoice(draw="gumbel"))
+    calls = []
+    checked_run_draft(monkeypatch, calls)
+    gumbel = [o.token_ids for o in llm.generate(prompts, params)]
+    assert any(c.used for c in calls)
+    assert gumbel != plain
+
+
 def test_draft_graph_option_errors(pair):
     target, draft, _, _ = pair
     with pytest.raises(errors.InvalidArgumentError, match="needs a draft model"):
@@ -193,16 +210,17 @@ def cuda():
     return torch.device("cuda")
 
 
-@pytest.mark.parametrize("per_forward", [True, False], ids=["graph_per_forward", "one_graph"])
-def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda, per_forward):
+@pytest.mark.parametrize("per_forward,draw", [(True, "inverse_cdf"), (False, "inverse_cdf"), (True, "gumbel")],
+                         ids=["graph_per_forward", "one_graph", "graph_per_forward_gumbel"])
+def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch, cuda, per_forward, draw):
     """The captured graphs (a graph per forward, the default, or one for the whole call; forward
     0 included when the catch-up fits, else forwards 1..k-1) replay what the runner's eager code
     computes, and a run (inputs filled and uploaded, graphs replayed) does not synchronise with
-    the host."""
+    the host; also with the draft's Gumbel-max draw (KernelChoice(draw="gumbel"))."""
     target, draft, prompts, _ = pair
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     baseline = [o.token_ids for o in specd.LLM(target, device="cuda").generate(prompts, greedy)]
-    llm = draft_llm(target, draft, 4, device="cuda", draft_graph=True)
+    llm = draft_llm(target, draft, 4, device="cuda", draft_graph=True, kernels=specd.KernelChoice(draw=draw))
     assert llm.draft_graph.config.graph_per_forward  # the default
     graph_runner = DraftGraphRunner(llm.draft, llm.pool, replace(llm.draft_graph.config,
                                                                  graph_per_forward=per_forward))

@@ -316,13 +316,15 @@ def test_mixed_sampling_parameters_in_one_batch(models):
             assert len(o.token_ids) == MAX_TOKENS
 
 
-@pytest.mark.parametrize("width", [1, 2])
-def test_speculative_sampling_follows_the_target_distribution(models, width):
+@pytest.mark.parametrize("width,draw", [(1, "inverse_cdf"), (2, "inverse_cdf"), (1, "gumbel")])
+def test_speculative_sampling_follows_the_target_distribution(models, width, draw):
     """First sampled token, 4,000 seeds: with draft-model speculation (k=3; chains, and trees
     of width 2 verified as one-hot candidates) it follows the target's next-token
-    distribution at temperature 1 (chi-square, alpha = 0.001)."""
+    distribution at temperature 1 (chi-square, alpha = 0.001); also with the draft's tokens
+    drawn by the Gumbel-max rule (KernelChoice(draw="gumbel"))."""
     _, target, draft, prompts, _ = models
-    llm = make_llm(target, draft, "draft", 3, max_num_seqs=256, spec=dict(draft_tree_width=width))
+    llm = make_llm(target, draft, "draft", 3, max_num_seqs=256, spec=dict(draft_tree_width=width),
+                   kernels=specd.KernelChoice(draw=draw))
     prompt = prompts[4]
     n = 4000
     outs = llm.generate([prompt] * n, [specd.SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True, seed=s)
@@ -338,10 +340,10 @@ def test_speculative_sampling_follows_the_target_distribution(models, width):
     assert stats.chisquare(observed, expected).pvalue > 0.001
 
 
-@pytest.mark.parametrize("root_draw", ["inverse_cdf", "gumbel"])
-def test_plain_sampling_follows_the_target_distribution(models, root_draw):
+@pytest.mark.parametrize("draw", ["inverse_cdf", "gumbel"])
+def test_plain_sampling_follows_the_target_distribution(models, draw):
     """Plain decoding (no drafts: every step is a root-only tree), under both draws of
-    KernelChoice.root_draw (verification of the root; ``specd.ops.sample_tokens`` with the
+    KernelChoice.draw (verification of the root; ``specd.ops.sample_tokens`` with the
     Gumbel-max draw): the first sampled token of 3,000 seeds follows the target's next-token
     distribution (temperature 0.8, chi-square, alpha = 0.001), and the two draw other tokens
     for the same seeds."""
@@ -350,18 +352,18 @@ def test_plain_sampling_follows_the_target_distribution(models, root_draw):
     params = [specd.SamplingParams(temperature=0.8, max_tokens=1, ignore_eos=True, seed=s) for s in range(n)]
     prompt = prompts[2]
     firsts = {}
-    for draw in {root_draw, "inverse_cdf"}:
-        llm = make_llm(target, max_num_seqs=256, kernels=specd.KernelChoice(root_draw=draw))
+    for draw in {draw, "inverse_cdf"}:
+        llm = make_llm(target, max_num_seqs=256, kernels=specd.KernelChoice(draw=draw))
         firsts[draw] = [o.token_ids[0] for o in llm.generate([prompt] * n, params)]
     hf = load_hf_model(target)
     with torch.no_grad():
         p = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1].double() / 0.8, -1).numpy()
-    counts = np.bincount(firsts[root_draw], minlength=len(p))
+    counts = np.bincount(firsts[draw], minlength=len(p))
     big = p * n >= 5
     observed = np.append(counts[big], counts[~big].sum())
     expected = np.append(p[big], p[~big].sum()) * n
     assert stats.chisquare(observed, expected).pvalue > 0.001
-    if root_draw == "gumbel":
+    if draw == "gumbel":
         assert firsts["gumbel"] != firsts["inverse_cdf"]
 
 

@@ -24,11 +24,11 @@ def test_grouped_attention_takes_a_bool_or_auto(bad):
         KernelChoice(grouped_attention=bad)
 
 
-def test_root_draw_takes_a_known_rule():
-    assert KernelChoice().root_draw == "inverse_cdf" and KernelChoice(root_draw="gumbel").root_draw == "gumbel"
+def test_draw_takes_a_known_rule():
+    assert KernelChoice().draw == "inverse_cdf" and KernelChoice(draw="gumbel").draw == "gumbel"
     for bad in ("Gumbel", "", None, True):
-        with pytest.raises(errors.InvalidArgumentError, match="root_draw must be one of 'inverse_cdf', 'gumbel'"):
-            KernelChoice(root_draw=bad)
+        with pytest.raises(errors.InvalidArgumentError, match="draw must be one of 'inverse_cdf', 'gumbel'"):
+            KernelChoice(draw=bad)
 
 
 def test_grouped_for_rule():

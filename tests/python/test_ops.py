@@ -282,6 +282,30 @@ def test_sample_tokens_gumbel_draw(dtype):
     assert torch.equal(ops.sample_tokens(logits, params, keys, gumbel=True)[0], tokens)
 
 
+def test_sample_tokens_and_probs_gumbel_draw():
+    """gumbel=True on the probability-row ops: the same rows and statuses, tokens from the
+    written rows (probability > 0), other tokens than the inverse-CDF draw for some seeds,
+    greedy rows unchanged; the _out form writes the same."""
+    rng = np.random.default_rng(13)
+    n = 300
+    rows = [PARAMS[i % len(PARAMS)] for i in range(n)]
+    logits = torch.from_numpy(rng.standard_normal((n, 40)).astype(np.float32) * 2)
+    logits[4, :] = float("nan")
+    params = param_rows(rows)
+    keys = ops.pack_rng_keys(torch.tensor(9), torch.arange(n), torch.tensor(1), torch.tensor(70))
+    tokens, probs, status = ops.sample_tokens_and_probs(logits, params, keys, gumbel=True)
+    plain, plain_probs, plain_status = ops.sample_tokens_and_probs(logits, params, keys)
+    assert torch.equal(probs, plain_probs) and torch.equal(status, plain_status) and status[4] == 2
+    ok = status == 0
+    greedy = torch.tensor([r[0] == 0 for r in rows]) & ok
+    assert torch.equal(tokens[greedy], plain[greedy]) and tokens[4] == -1
+    assert (probs[ok].gather(1, tokens[ok].long()[:, None]) > 0).all()
+    assert (tokens[ok & ~greedy] != plain[ok & ~greedy]).any()
+    buf = torch.full((n, 40), float("nan"))
+    out_tokens, out_status = ops.sample_tokens_and_probs_out(logits, params, keys, buf, gumbel=True)
+    assert torch.equal(out_tokens, tokens) and torch.equal(out_status, status) and torch.equal(buf, probs)
+
+
 def test_sample_tokens_and_probs_out_errors():
     logits, params = torch.zeros(2, 5), param_rows(PARAMS[:2])
     keys = ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(4))
@@ -413,11 +437,13 @@ def opcheck_samples():
                                  "independent", 0)),
         (ops.sample_tokens_and_probs, (logits, params, keys)),
         (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20))),
-        (ops.sample_tokens, (logits, params, keys, False, True)),  # the Gumbel-max draw
+        (ops.sample_tokens, (logits, params, keys, False, True)),  # the Gumbel-max draws
+        (ops.sample_tokens_and_probs, (logits, params, keys, False, True)),
+        (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20), False, True)),
     ]
 
 
-@pytest.mark.parametrize("index", range(14))
+@pytest.mark.parametrize("index", range(16))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -439,7 +465,7 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)

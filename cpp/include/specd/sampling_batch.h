@@ -88,7 +88,13 @@ Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* p
 // sample_tokens_cpu (the same bits and tokens), the token drawn from the row just written
 // (no second pass over the logits). What a sampling draft step needs: its tokens and the
 // distributions verification checks them against.
+// draw kGumbelMax: the same rows, and each token drawn from its written row by the
+// Gumbel-max rule of the floats (detail/gumbel_row.h, gumbel_probs_row): the largest
+// ln(q_i) + g_i among q_i > 0, with sample_tokens' noise g_i. Its distribution is the written
+// row normalized, as the inverse-CDF draw's; other tokens for the same seed, and not
+// sample_tokens' Gumbel-max tokens (that rule keys on l_i / T).
 Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                                   int32_t* tokens, float* probs, int32_t* status);
+                                   int32_t* tokens, float* probs, int32_t* status,
+                                   DrawRule draw = DrawRule::kInverseCdf);
 
 }  // namespace specd

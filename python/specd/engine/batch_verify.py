@@ -10,7 +10,7 @@ requests at once so that the host waits for the device as few times as possible.
   vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
   copy. Requests whose drafts came from the draft model (with their distributions) and
   model-free ones (one-hot drafts) are two groups, two op calls each. With
-  ``KernelChoice.root_draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
+  ``KernelChoice.draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
   are a third group: one ``specd::sample_tokens`` call with the Gumbel-max draw, no
   probability rows. (By default they stay in the second group: ``sample_tokens``' own
   inverse-CDF draw gives the same token but recomputes the exponentials in each of its
@@ -68,7 +68,7 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
     ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
     (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
-    draw by the Gumbel-max rule (KernelChoice.root_draw)."""
+    draw by the Gumbel-max rule (KernelChoice.draw)."""
     spans, row = [], 0
     for it in deciding:
         spans.append((row, row + len(trees[it.request.id])))

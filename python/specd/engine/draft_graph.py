@@ -393,8 +393,9 @@ class DraftGraphRunner:
     def _sample(self, buf: _Buffers, j: int, logits: torch.Tensor, sampling: bool, positions: torch.Tensor) -> None:
         if sampling:
             buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
+            kernels = kernels_of(self.model)
             tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j],
-                                          cluster=kernels_of(self.model).cluster_rows)
+                                          cluster=kernels.cluster_rows, gumbel=kernels.draw == "gumbel")
         else:
             tokens = torch.argmax(logits, dim=-1)
         buf.tokens[j].copy_(tokens)

@@ -5,9 +5,10 @@ checks the draft against), with no sort of the vocabulary and no host synchronis
 
 Rows carry their own parameters (greedy rows: temperature 0, their argmax and a one-hot row)
 and Philox key ``(seed, request, DRAFT_STREAM, position)``, where ``position`` is the position
-of the token drawn; the draw is the rule's final draw at that key (sampling.h). The eager draft
-loop (model_runner.run_draft) and the draft graph runner pack the same words, so both draw
-the same tokens. A row the kernels reject (non-finite logits) gets token 0 and an all-zero
+of the token drawn; the draw is the rule's final draw at that key (sampling.h), or with the
+draft model's ``KernelChoice(draw="gumbel")`` the Gumbel-max draw from the written row (the
+same distribution). The eager draft loop (model_runner.run_draft) and the draft graph runner
+pack the same words, so both draw the same tokens. A row the kernels reject (non-finite logits) gets token 0 and an all-zero
 distribution: verification then fails that request alone with a message, and the token is a
 valid input id for the draft forwards that follow in the same call.
 """
@@ -60,15 +61,17 @@ def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requ
 
 
 def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,
-                      out: Optional[torch.Tensor] = None, cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      out: Optional[torch.Tensor] = None, cluster: bool = False,
+                      gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """logits ``[m, vocab]``, packed params ``[m, 4]`` and keys ``[m, 3]`` -> (tokens int64
     ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device. With ``out``
     (contiguous float32 ``[m, vocab]``, e.g. a draft graph buffer's row block) the
     distributions are written there and ``out`` is returned: no second copy of them.
-    ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.cluster_rows)."""
+    ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.cluster_rows);
+    ``gumbel``: tokens drawn from the rows by the Gumbel-max rule (KernelChoice.draw)."""
     if out is None:
-        tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys, cluster)
+        tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys, cluster, gumbel)
     else:
-        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out, cluster)
+        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out, cluster, gumbel)
         probs = out
     return torch.where(status == 0, tokens, 0).to(torch.int64), probs

@@ -141,7 +141,7 @@ class Engine:
         self._emitted = 0
         target_kernels = kernels_of(self.target)
         inputs = verify_inputs([it for it in items if it.decide], trees, logits, draft_dists,
-                               cluster=target_kernels.cluster_rows, gumbel=target_kernels.root_draw == "gumbel")
+                               cluster=target_kernels.cluster_rows, gumbel=target_kernels.draw == "gumbel")
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)

@@ -249,8 +249,9 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
             params, keys = pack_draft_rows([r.params for r in reqs], [r.rng_seed for r in reqs],
                                            [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
             index = torch.tensor(rows, dtype=torch.int64).to(device)
+            kernels = kernels_of(model)
             drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys,
-                                             cluster=kernels_of(model).cluster_rows)
+                                             cluster=kernels.cluster_rows, gumbel=kernels.draw == "gumbel")
         at = {row: n for n, row in enumerate(rows)}
         for row, i in enumerate(active):
             if items[i].request.params.greedy:

@@ -21,17 +21,21 @@ kernel has more than one (docs/cuda.md). The defaults follow what the H100 measu
   another fixed order (docs/cuda.md, the CPU equality caveat). Default on: 1.2-2.8x faster
   for sampled rows and 3x for stochastic verification on the H100.
 
-- ``root_draw``: how the target's sampled requests draw the token of a step without drafts
-  (k = 0: plain decoding, or the controller speculating nothing). ``"inverse_cdf"``
-  (default): stochastic verification of the root-only tree (the probability row, then the
-  verifier's draw), as every step with drafts. ``"gumbel"``: ``specd.ops.sample_tokens``
-  with the Gumbel-max rule (``DrawRule::kGumbelMax``, sampling_batch.h), no probability row:
-  the same distribution, other tokens for the same seed, and one pass over a row without a
-  top-k/top-p/min-p cut. 1.1-1.4x faster on the CPU (bench/root_sampling.py); not yet timed
-  on a GPU, so not the default.
+- ``draw``: how sampled tokens that come from one row are drawn. As a draft model: its
+  sampled draft tokens (``specd.ops.sample_tokens_and_probs``, whose probability rows
+  verification checks them against). As a target: the token of a sampled request's step
+  without drafts (k = 0: plain decoding, or the controller speculating nothing); the bonus
+  and recovered tokens of verification keep the verifier's draw. ``"inverse_cdf"``
+  (default): the inverse-CDF draw (for the target, stochastic verification of the root-only
+  tree: the probability row, then the verifier's draw). ``"gumbel"``: the Gumbel-max rule
+  (``DrawRule::kGumbelMax``, sampling_batch.h): the same distribution, other tokens for the
+  same seed; as a target, one ``specd.ops.sample_tokens`` call without probability rows,
+  one pass over a row without a top-k/top-p/min-p cut (1.1-1.5x faster on the CPU,
+  bench/root_sampling.py); as a draft, no sum and no second pass over the written row. Not
+  yet timed on a GPU, so not the default.
 
 ``grouped_attention`` and ``cluster_rows`` have no effect on the CPU, where the ops run their
-float32 references; ``root_draw`` changes seeded tokens everywhere.
+float32 references; ``draw`` changes seeded tokens everywhere (never the distribution).
 """
 
 from __future__ import annotations
@@ -50,14 +54,14 @@ GROUPED_ATTENTION_MIN_TOKENS = 512
 # 1.02-1.11x, 16 x 9 and 32 x 5 even; under 64 tokens the draft's 8 x 5 lost, 0.94x).
 GROUPED_ATTENTION_MIN_TREE_TOKENS = 64
 GROUPED_ATTENTION_MIN_QUERY = 5
-ROOT_DRAWS = ("inverse_cdf", "gumbel")
+DRAWS = ("inverse_cdf", "gumbel")
 
 
 @dataclass(frozen=True)
 class KernelChoice:
     grouped_attention: Union[bool, str] = "auto"
     cluster_rows: bool = True
-    root_draw: str = "inverse_cdf"
+    draw: str = "inverse_cdf"
 
     def __post_init__(self):
         if not (isinstance(self.grouped_attention, bool) or self.grouped_attention == "auto"):
@@ -65,9 +69,9 @@ class KernelChoice:
                 f"KernelChoice.grouped_attention must be a bool or 'auto', got {self.grouped_attention!r}")
         if not isinstance(self.cluster_rows, bool):
             raise InvalidArgumentError(f"KernelChoice.cluster_rows must be a bool, got {self.cluster_rows!r}")
-        if self.root_draw not in ROOT_DRAWS:
+        if self.draw not in DRAWS:
             raise InvalidArgumentError(
-                f"KernelChoice.root_draw must be one of {', '.join(map(repr, ROOT_DRAWS))}, got {self.root_draw!r}")
+                f"KernelChoice.draw must be one of {', '.join(map(repr, DRAWS))}, got {self.draw!r}")
 
 
 def grouped_for(grouped_attention: Union[bool, str], tokens: int, sequences: int = 0) -> bool:

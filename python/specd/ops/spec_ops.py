@@ -96,11 +96,16 @@ def _sample_tokens(logits, params, rng, cluster=False, gumbel=False):
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs("sample_tokens", logits, params, rng)
     n, vocab = logits.shape
     if n:
-        draw = {"gumbel": True} if gumbel else {}
+        draw = _draw_option(gumbel)
         launch(device, functools.partial(_core.sample_tokens_batch_cpu, **draw), "sample_tokens_batch_cuda",
                logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
                status.data_ptr(), **_cluster_option(cluster), **draw)
     return tokens, status
+
+
+def _draw_option(gumbel: bool) -> dict:
+    """The launchers' keyword for the Gumbel-max draw (none when off: the calls stay as before)."""
+    return {"gumbel": True} if gumbel else {}
 
 
 def _cluster_option(cluster: bool) -> dict:
@@ -145,20 +150,23 @@ def _(logits, params, cluster=False):
 
 @torch.library.custom_op("specd::sample_tokens_and_probs", mutates_args=())
 def sample_tokens_and_probs(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
-                            cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            cluster: bool = False, gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens` and :func:`sampling_probs` in one call (one kernel launch): each
     row's token (the same as sample_tokens gives) drawn from its probability row (the same bits
     as sampling_probs), what a sampling draft step needs. Returns (tokens int32 ``[rows]``,
-    probs float32 ``[rows, vocab]``, status int32 ``[rows]``)."""
+    probs float32 ``[rows, vocab]``, status int32 ``[rows]``). gumbel: the tokens drawn from the
+    written rows by the Gumbel-max rule (``sample_tokens_and_probs_cpu``, sampling_batch.h):
+    the same rows, the same distribution, other tokens (and not sample_tokens(gumbel=True)'s);
+    no sum and no second pass over the row."""
     no_kernel_for_device("sample_tokens_and_probs", logits, params, rng)
 
 
-def _sample_tokens_and_probs(logits, params, rng, cluster=False):
-    return _sample_into("sample_tokens_and_probs", logits, params, rng, cluster=cluster)
+def _sample_tokens_and_probs(logits, params, rng, cluster=False, gumbel=False):
+    return _sample_into("sample_tokens_and_probs", logits, params, rng, cluster=cluster, gumbel=gumbel)
 
 
-def _sample_into(op: str, logits, params, rng, probs=None,
-                 cluster=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sample_into(op: str, logits, params, rng, probs=None, cluster=False,
+                 gumbel=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel of both sample_tokens_and_probs ops: (tokens, probs, status), the rows
     written into ``probs`` (a new tensor when None)."""
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs(op, logits, params, rng)
@@ -171,14 +179,16 @@ def _sample_into(op: str, logits, params, rng, probs=None,
     if not probs.is_contiguous():
         fail(op, "probs must be contiguous (its rows are written in place)")
     if n:
-        launch(device, _core.sample_tokens_and_probs_batch_cpu, "sample_tokens_and_probs_batch_cuda",
-               logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), rng.data_ptr(), tokens.data_ptr(),
-               probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster))
+        draw = _draw_option(gumbel)
+        launch(device, functools.partial(_core.sample_tokens_and_probs_batch_cpu, **draw),
+               "sample_tokens_and_probs_batch_cuda", logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(),
+               rng.data_ptr(), tokens.data_ptr(), probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster),
+               **draw)
     return tokens, probs, status
 
 
 @sample_tokens_and_probs.register_fake
-def _(logits, params, rng, cluster=False):
+def _(logits, params, rng, cluster=False, gumbel=False):
     n = logits.shape[0]
     return (logits.new_empty((n,), dtype=torch.int32), logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((n,), dtype=torch.int32))
@@ -186,21 +196,23 @@ def _(logits, params, rng, cluster=False):
 
 @torch.library.custom_op("specd::sample_tokens_and_probs_out", mutates_args=("probs",))
 def sample_tokens_and_probs_out(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
-                                probs: torch.Tensor, cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                probs: torch.Tensor, cluster: bool = False,
+                                gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens_and_probs` writing the distributions into ``probs`` (float32
     ``[rows, vocab]``, contiguous, on the logits' device; every element is overwritten) instead
     of a new tensor: the draft graph's buffers take them with no copy. Returns (tokens int32
-    ``[rows]``, status int32 ``[rows]``)."""
+    ``[rows]``, status int32 ``[rows]``). gumbel: as sample_tokens_and_probs'."""
     no_kernel_for_device("sample_tokens_and_probs_out", logits, params, rng, probs)
 
 
-def _sample_tokens_and_probs_out(logits, params, rng, probs, cluster=False):
-    tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs, cluster=cluster)
+def _sample_tokens_and_probs_out(logits, params, rng, probs, cluster=False, gumbel=False):
+    tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs, cluster=cluster,
+                                     gumbel=gumbel)
     return tokens, status
 
 
 @sample_tokens_and_probs_out.register_fake
-def _(logits, params, rng, probs, cluster=False):
+def _(logits, params, rng, probs, cluster=False, gumbel=False):
     n = logits.shape[0]
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cfloat>
+#include <cmath>
 #include <cstdint>
 
 #include "specd/detail/bits.h"
@@ -175,6 +176,20 @@ SPECD_HOST_DEVICE inline float screen_upper(const GumbelScale& s, float logit, f
   const float c = s.divide ? g_bound : exact_mulf(s.factor_f, g_bound);
   const float magnitude = exact_addf(a >= 0 ? a : -a, c >= 0 ? c : -c);
   return exact_addf(exact_addf(a, c), exact_addf(exact_mulf(magnitude, 0x1p-20f), FLT_MIN));
+}
+
+// A float upper bound of ln(q) for a float probability q > 0 (the screen of the probability
+// rows' draw; their keys use deterministic_log): the fast float log plus 2^-12 of its
+// magnitude plus 2^-12 (the device's __logf is within 3 ulp, the host's within 1), and for q
+// below float's normal range ln(FLT_MIN) = -87.34 rounded up.
+SPECD_HOST_DEVICE inline float log_upper(float q) {
+  if (!(q >= FLT_MIN)) return -87.3f;
+#if defined(__CUDA_ARCH__)
+  const float v = __logf(q);
+#else
+  const float v = std::log(q);
+#endif
+  return exact_addf(v, exact_mulf(exact_addf(v >= 0 ? v : -v, 1.0f), 0x1p-12f));
 }
 
 }  // namespace specd::detail

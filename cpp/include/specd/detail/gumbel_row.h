@@ -8,7 +8,10 @@
 //              Philox call per token the screen keeps)
 //              keeps each thread's largest key (gumbel.h), and two collectives (max of the
 //              keys, least id holding it) pick the token. A row without a cut is validated
-//              in the same pass: it reads its logits once.
+//              in the same pass (a bad logit makes the thread's key +inf): it reads its
+//              logits once.
+//   gumbel_probs_row  the probability row (probs_row's bits) and a token drawn from the
+//              written floats by the same noise: sample_tokens_and_probs under kGumbelMax.
 //
 // The result is an argmax, so it does not depend on the thread layout: the kernels give
 // exactly the CPU's tokens (the inverse-CDF draw's sums can differ in their last bits).
@@ -61,7 +64,7 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
     }
   }
   const GumbelScale scale = gumbel_scale(params.temperature);
-  bool bad = false, finite = false;  // rows without a cut are validated here
+  bool bad = false;                  // rows without a cut are validated here
   double best = -INFINITY;           // this thread's largest key, at best_id
   int32_t best_id = INT32_MAX;
   float floor = -INFINITY;  // a float at most some key found in the row: keys below it cannot win
@@ -79,10 +82,7 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
       SPECD_UNROLL
       for (int32_t j = 0; j < kGumbelGroup; ++j) {
         const float l = logits[j];
-        if (!cuts) {
-          bad = bad || is_bad_logit(l);
-          finite = finite || l > -INFINITY;
-        }
+        if (!cuts) bad = bad || is_bad_logit(l);
         if (!(l > -INFINITY) || is_bad_logit(l)) continue;  // probability 0, or a row reported below
         if (cuts && plan.keep_floor > -INFINITY &&
             softmax_exponent(l, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
@@ -110,13 +110,76 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
     }
     if constexpr (HasWarpMax<Block>::value) floor = b.warp_max(floor);
   }
-  if (!cuts) {
-    if (b.any(bad)) return SampleStatus::kBadLogit;
-    if (!b.any(finite)) return SampleStatus::kNoFiniteLogit;
-  }
-  const double top = b.max(best);
+  // Keys are finite, so +inf marks a thread that read a bad logit (a row without a cut); and
+  // every finite logit is a candidate until a key is found, so a row with one has a key
+  // above -inf. Two collectives: the largest key, then the least id holding it.
+  const double top = b.max(bad ? INFINITY : best);
+  if (top == INFINITY) return SampleStatus::kBadLogit;
+  if (!(top > -INFINITY)) return SampleStatus::kNoFiniteLogit;
   *token = b.min(best == top ? best_id : INT32_MAX);
   return SampleStatus::kOk;
+}
+
+// probs_row (sample_row.h) under DrawRule::kGumbelMax: the same probability row, bit for
+// bit, written in groups of 8, and the token drawn from it by the Gumbel-max rule of the
+// written floats: the id of largest deterministic_log(q_i) + g_i among q_i > 0 (g_i the noise
+// of sample_tokens' rule, the same bits), lowest id among equal keys. Its distribution is the
+// written row normalized, what verification takes for the draft. No sum, no second pass.
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int32_t vocab,
+                                                const SamplingParams& params, float* probs, const RngKey& rng,
+                                                const float* bounds, int32_t* token, RowPlan& plan) {
+  *token = -1;
+  const SampleStatus status = plan_row(b, load, vocab, params, &plan);
+  if (status != SampleStatus::kOk) {
+    for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
+    return status;
+  }
+  double best = -INFINITY;  // this thread's largest key, at best_id
+  int32_t best_id = INT32_MAX;
+  float floor = -INFINITY;  // a float at most some key found in the row
+  const int32_t groups = vocab / kGumbelGroup + (vocab % kGumbelGroup != 0 ? 1 : 0);
+  for (int32_t base = 0; base < groups; base += b.size()) {  // every thread runs every round
+    const int32_t group = base + b.rank();
+    if (group < groups) {
+      const int32_t i0 = group * kGumbelGroup;
+      float q[kGumbelGroup];
+      load_group(load, i0, vocab, q);
+      uint32_t live = 0;
+      SPECD_UNROLL
+      for (int32_t j = 0; j < kGumbelGroup; ++j) {
+        if (i0 + j >= vocab) break;
+        q[j] = static_cast<float>(row_prob(plan, i0 + j, q[j]));
+        probs[i0 + j] = q[j];
+        if (q[j] > 0) live |= 1u << j;
+      }
+      if (live != 0 && !plan.greedy) {
+        const Philox4x32Out high = gumbel_high_bits(rng, group);
+        SPECD_UNROLL
+        for (int32_t j = 0; j < kGumbelGroup; ++j) {
+          if (!(live >> j & 1u)) continue;
+          const uint32_t h = philox_half(high, j);
+          if (screen_upper(GumbelScale{true, 1.0, 1.0f}, log_upper(q[j]), bounds[gumbel_bucket(h)]) < floor) continue;
+          const double key =
+              exact_add(deterministic_log(static_cast<double>(q[j])), gumbel_from_bits(gumbel_bits(rng, i0 + j, h)));
+          if (key > best) {
+            best = key;
+            best_id = i0 + j;
+            const float f = float_at_most(key);
+            floor = f > floor ? f : floor;
+          }
+        }
+      }
+    }
+    if constexpr (HasWarpMax<Block>::value) floor = b.warp_max(floor);
+  }
+  if (plan.greedy) {  // a one-hot row: its token
+    *token = plan.argmax;
+    return status;
+  }
+  const double top = b.max(best);  // finite: the row's largest probability is > 0
+  *token = b.min(best == top ? best_id : INT32_MAX);
+  return status;
 }
 
 }  // namespace specd::detail

@@ -36,6 +36,24 @@ struct Float32Row {
     for (int32_t j = 0; j < 8; ++j) v[j] = data[i0 + j];
   }
 };
+// Eight 16-bit words from `words` decoded to floats (one 16-byte load on the device where
+// `words` is 16-byte aligned).
+template <class Decode>
+SPECD_HOST_DEVICE void load8_words(const uint16_t* words, float (&v)[8], const Decode& decode) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(words) & 15) == 0) {
+    const uint4 w = *reinterpret_cast<const uint4*>(words);
+    const uint32_t pairs[4] = {w.x, w.y, w.z, w.w};
+    for (int32_t j = 0; j < 4; ++j) {
+      v[2 * j] = decode(static_cast<uint16_t>(pairs[j] & 0xFFFFu));
+      v[2 * j + 1] = decode(static_cast<uint16_t>(pairs[j] >> 16));
+    }
+    return;
+  }
+#endif
+  for (int32_t j = 0; j < 8; ++j) v[j] = decode(words[j]);
+}
+
 struct Float16Row {
   const uint16_t* data;
   SPECD_HOST_DEVICE static Float16Row at(const void* base, int64_t offset) {
@@ -43,18 +61,7 @@ struct Float16Row {
   }
   SPECD_HOST_DEVICE float operator()(int32_t i) const { return half_to_float(data[i]); }
   SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
-#if defined(__CUDA_ARCH__)
-    if ((reinterpret_cast<uintptr_t>(data + i0) & 15) == 0) {
-      const uint4 w = *reinterpret_cast<const uint4*>(data + i0);
-      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-      for (int32_t j = 0; j < 4; ++j) {
-        v[2 * j] = half_to_float(static_cast<uint16_t>(words[j] & 0xFFFFu));
-        v[2 * j + 1] = half_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
-      return;
-    }
-#endif
-    for (int32_t j = 0; j < 8; ++j) v[j] = half_to_float(data[i0 + j]);
+    load8_words(data + i0, v, [](uint16_t w) { return half_to_float(w); });
   }
 };
 struct BFloat16Row {
@@ -64,18 +71,7 @@ struct BFloat16Row {
   }
   SPECD_HOST_DEVICE float operator()(int32_t i) const { return bfloat16_to_float(data[i]); }
   SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
-#if defined(__CUDA_ARCH__)
-    if ((reinterpret_cast<uintptr_t>(data + i0) & 15) == 0) {
-      const uint4 w = *reinterpret_cast<const uint4*>(data + i0);
-      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-      for (int32_t j = 0; j < 4; ++j) {
-        v[2 * j] = bfloat16_to_float(static_cast<uint16_t>(words[j] & 0xFFFFu));
-        v[2 * j + 1] = bfloat16_to_float(static_cast<uint16_t>(words[j] >> 16));
-      }
-      return;
-    }
-#endif
-    for (int32_t j = 0; j < 8; ++j) v[j] = bfloat16_to_float(data[i0 + j]);
+    load8_words(data + i0, v, [](uint16_t w) { return bfloat16_to_float(w); });
   }
 };
 

@@ -128,14 +128,14 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
   // kernels' 64 registers it raised ptxas sm_90's spills, 256 -> 292-476 bytes for
   // sample_tokens, 0 -> 52-364 for the Gumbel kernel, even when only greedy rows took it:
   // left for a GPU session to time.)
-  bool bad = false;
+  // A bad logit makes the thread's pair kBadArgMax, which wins every comparison: one
+  // collective says both whether the row is valid and where its maximum is.
   ArgMax best = empty_argmax();
   for_each_strided<2 * kLoadBatch>(b, vocab, load, [&](int32_t i, float l) {
-    bad = bad || is_bad_logit(l);
-    best = better(best, ArgMax{l, i});
+    best = is_bad_logit(l) ? bad_argmax() : better(best, ArgMax{l, i});
   });
-  if (b.any(bad)) return SampleStatus::kBadLogit;
   best = b.argmax(best);
+  if (best.index < 0) return SampleStatus::kBadLogit;
   if (!(best.value > -INFINITY)) return SampleStatus::kNoFiniteLogit;
   plan->argmax = best.index;
   plan->max_logit = static_cast<double>(best.value);

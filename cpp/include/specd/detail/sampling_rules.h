@@ -144,6 +144,10 @@ struct ArgMax {
   int32_t index;
 };
 SPECD_HOST_DEVICE inline ArgMax empty_argmax() { return ArgMax{-INFINITY, INT32_MAX}; }
+// What a thread that read an invalid value contributes to the argmax collective: it beats
+// every pair (+inf, and the lowest index among +inf values), so the collective's index < 0
+// reports the invalid value with no collective of its own.
+SPECD_HOST_DEVICE inline ArgMax bad_argmax() { return ArgMax{INFINITY, -1}; }
 SPECD_HOST_DEVICE inline ArgMax better(ArgMax a, ArgMax b) {
   return (a.value > b.value || (a.value == b.value && a.index < b.index)) ? a : b;
 }

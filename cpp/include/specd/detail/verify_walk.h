@@ -184,14 +184,13 @@ SPECD_HOST_DEVICE VerifyStatus greedy_walk(Block& b, const RequestNodes& nodes, 
 // verify_greedy's argmax of one row (lowest id among ties); NaN anywhere is an error.
 template <class Block, class Row>
 SPECD_HOST_DEVICE VerifyStatus row_argmax(Block& b, const Row& row, int32_t vocab, int32_t* token) {
-  bool nan = false;
   ArgMax best = empty_argmax();
   for_each_group(b, vocab, row, [&](int32_t i, float v) {  // order-independent: grouped loads
-    if (v != v) nan = true;
-    else best = better(best, ArgMax{v, i});
+    best = v != v ? bad_argmax() : better(best, ArgMax{v, i});  // a NaN: index -1 wins
   });
-  if (b.any(nan)) return VerifyStatus::kBadTargetRow;
-  *token = b.argmax(best).index;
+  best = b.argmax(best);
+  if (best.index < 0) return VerifyStatus::kBadTargetRow;
+  *token = best.index;
   return VerifyStatus::kOk;
 }
 

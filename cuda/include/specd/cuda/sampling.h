@@ -56,8 +56,11 @@ cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* 
 // Both in one launch (sample_tokens_and_probs_cpu): each row's probabilities as
 // sampling_probs_batch writes them, and the token sample_tokens gives, drawn from the row just
 // written (the block reads it back after a barrier) instead of recomputing it from the logits.
+// draw kGumbelMax: the same rows, tokens drawn from them by sample_tokens_and_probs_cpu's
+// Gumbel-max rule (equal to the CPU's tokens whenever the rows are equal: an argmax of keys
+// the host and the device compute alike), with no sum and no second pass over the row.
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    RowSplit split = RowSplit::kOneBlock);
+                                    RowSplit split = RowSplit::kOneBlock, DrawRule draw = DrawRule::kInverseCdf);
 
 }  // namespace specd::cuda
