@@ -225,6 +225,37 @@ TEST(GumbelRows, ReportsBadRowsAndRules) {
                     kInvalidArgument);
 }
 
+// n copies of one row with the same parameters and n keys of one seed (requests and
+// positions vary): the inputs of a statistical test.
+struct RepeatedRows {
+  int32_t n = 0, vocab = 0;
+  std::vector<float> rows;
+  std::vector<SamplingParams> params;
+  std::vector<RngKey> keys;
+  LogitRows view() const { return LogitRows{rows.data(), LogitsDtype::kFloat32, n, vocab, vocab}; }
+};
+RepeatedRows repeated_rows(const std::vector<float>& logits, const SamplingParams& p, int32_t n, uint64_t seed) {
+  RepeatedRows c;
+  c.n = n;
+  c.vocab = static_cast<int32_t>(logits.size());
+  for (int32_t r = 0; r < n; ++r) {
+    c.rows.insert(c.rows.end(), logits.begin(), logits.end());
+    c.keys.push_back(RngKey{seed, static_cast<uint32_t>(r % 97), static_cast<uint32_t>(r % 3), static_cast<uint32_t>(r)});
+  }
+  c.params.assign(static_cast<std::size_t>(n), p);
+  return c;
+}
+
+// Counts of `tokens` over the vocabulary; every token has probs[token] > 0.
+std::vector<int64_t> token_counts(const std::vector<int32_t>& tokens, const std::vector<float>& probs) {
+  std::vector<int64_t> counts(probs.size(), 0);
+  for (int32_t t : tokens) {
+    EXPECT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << "drew token " << t << " of probability 0";
+    ++counts[static_cast<std::size_t>(t)];
+  }
+  return counts;
+}
+
 // Draws over many keys follow the rule's distribution (sampling_probs), with and without cuts,
 // at low and high temperature; and the keys' positions and requests give independent draws.
 TEST(GumbelRows, DrawsFollowTheSamplingDistribution) {
@@ -243,26 +274,12 @@ TEST(GumbelRows, DrawsFollowTheSamplingDistribution) {
     std::vector<float> probs(static_cast<std::size_t>(vocab));
     SPECD_ASSERT_OK(sampling_probs(Span<const float>(logits.data(), logits.size()), cases[c],
                                    Span<float>(probs.data(), probs.size())));
-    const int32_t n = 60000;
-    std::vector<float> rows(static_cast<std::size_t>(n) * vocab);
-    for (int32_t r = 0; r < n; ++r) std::copy(logits.begin(), logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(r) * vocab);
-    std::vector<SamplingParams> params(static_cast<std::size_t>(n), cases[c]);
-    std::vector<RngKey> keys(static_cast<std::size_t>(n));
-    for (int32_t r = 0; r < n; ++r)  // one seed; requests and positions vary
-      keys[static_cast<std::size_t>(r)] = RngKey{0x5eed0000u + c, static_cast<uint32_t>(r % 97),
-                                                 static_cast<uint32_t>(r % 3), static_cast<uint32_t>(r)};
-    std::vector<int32_t> tokens(static_cast<std::size_t>(n)), st(tokens.size());
-    SPECD_ASSERT_OK(sample_tokens_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, n, vocab, vocab}, params.data(),
-                                      keys.data(), tokens.data(), st.data(), DrawRule::kGumbelMax));
-    std::vector<int64_t> counts(static_cast<std::size_t>(vocab), 0);
-    std::vector<double> want(probs.begin(), probs.end());
-    for (int32_t r = 0; r < n; ++r) {
-      ASSERT_EQ(st[static_cast<std::size_t>(r)], 0);
-      const int32_t t = tokens[static_cast<std::size_t>(r)];
-      ASSERT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << "case " << c << " drew a removed token " << t;
-      ++counts[static_cast<std::size_t>(t)];
-    }
-    const ChiSquare test = chi_square_test(counts, want);
+    const RepeatedRows in = repeated_rows(logits, cases[c], 60000, 0x5eed0000u + c);
+    std::vector<int32_t> tokens(static_cast<std::size_t>(in.n)), st(tokens.size());
+    SPECD_ASSERT_OK(sample_tokens_cpu(in.view(), in.params.data(), in.keys.data(), tokens.data(), st.data(),
+                                      DrawRule::kGumbelMax));
+    ASSERT_EQ(st, std::vector<int32_t>(st.size(), 0));
+    const ChiSquare test = chi_square_test(token_counts(tokens, probs), std::vector<double>(probs.begin(), probs.end()));
     EXPECT_GT(test.p_value, 1e-4) << "case " << c << ": chi-square " << test.statistic << " on " << test.df << " df";
   }
 }
@@ -386,27 +403,14 @@ TEST(GumbelProbsRows, DrawsFollowTheWrittenRow) {
   cases[2].temperature = 1.0;
   cases[2].top_p = 0.85;
   for (std::size_t c = 0; c < cases.size(); ++c) {
-    const int32_t n = 50000;
-    std::vector<float> rows(static_cast<std::size_t>(n) * vocab);
-    for (int32_t r = 0; r < n; ++r) std::copy(logits.begin(), logits.end(), rows.begin() + static_cast<std::ptrdiff_t>(r) * vocab);
-    std::vector<SamplingParams> params(static_cast<std::size_t>(n), cases[c]);
-    std::vector<RngKey> keys(static_cast<std::size_t>(n));
-    for (int32_t r = 0; r < n; ++r)
-      keys[static_cast<std::size_t>(r)] = RngKey{0xd1a7u + c, static_cast<uint32_t>(r), 1, static_cast<uint32_t>(r % 7)};
-    std::vector<int32_t> tokens(static_cast<std::size_t>(n)), st(tokens.size());
-    std::vector<float> probs(rows.size());
-    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(LogitRows{rows.data(), LogitsDtype::kFloat32, n, vocab, vocab},
-                                                params.data(), keys.data(), tokens.data(), probs.data(), st.data(),
-                                                DrawRule::kGumbelMax));
-    std::vector<int64_t> counts(static_cast<std::size_t>(vocab), 0);
-    for (int32_t r = 0; r < n; ++r) {
-      ASSERT_EQ(st[static_cast<std::size_t>(r)], 0);
-      const int32_t t = tokens[static_cast<std::size_t>(r)];
-      ASSERT_GT(probs[static_cast<std::size_t>(t)], 0.0f) << "case " << c;
-      ++counts[static_cast<std::size_t>(t)];
-    }
-    const std::vector<double> want(probs.begin(), probs.begin() + vocab);  // every row is the same
-    const ChiSquare test = chi_square_test(counts, want);
+    const RepeatedRows in = repeated_rows(logits, cases[c], 50000, 0xd1a7u + c);
+    std::vector<int32_t> tokens(static_cast<std::size_t>(in.n)), st(tokens.size());
+    std::vector<float> probs(in.rows.size());
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(in.view(), in.params.data(), in.keys.data(), tokens.data(),
+                                                probs.data(), st.data(), DrawRule::kGumbelMax));
+    ASSERT_EQ(st, std::vector<int32_t>(st.size(), 0));
+    const std::vector<float> row(probs.begin(), probs.begin() + vocab);  // every row is the same
+    const ChiSquare test = chi_square_test(token_counts(tokens, row), std::vector<double>(row.begin(), row.end()));
     EXPECT_GT(test.p_value, 1e-4) << "case " << c << ": chi-square " << test.statistic << " on " << test.df << " df";
   }
 }

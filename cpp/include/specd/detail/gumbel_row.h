@@ -47,6 +47,58 @@ SPECD_HOST_DEVICE inline void fill_gumbel_bounds(float* bounds) {
   for (int32_t k = 0; k < kGumbelBuckets; ++k) bounds[k] = gumbel_bucket_bound(k);
 }
 
+// A thread's running draw: its largest key and that key's id, and `floor`, a float at most
+// some key found in the row (a token whose key bound is below it cannot win). Ids rise
+// through a thread's groups, so keeping only larger keys keeps the lower id of equal ones.
+struct GumbelBest {
+  double key = -INFINITY;
+  int32_t id = INT32_MAX;
+  float floor = -INFINITY;
+  SPECD_HOST_DEVICE void offer(double k, int32_t i) {
+    if (!(k > key)) return;
+    key = k;
+    id = i;
+    const float f = float_at_most(k);
+    floor = f > floor ? f : floor;
+  }
+};
+
+// The tokens of group `group` whose bit is set in `live` (bit j: token 8 group + j): each
+// whose float key bound upper(j, noise bound) reaches best.floor and that eligible(j) admits
+// gets its noise g and offers key(j, g). One Philox call for the group's high bits, one more
+// per token offered.
+template <class Upper, class Eligible, class Key>
+SPECD_HOST_DEVICE void offer_group(const RngKey& rng, int32_t group, uint32_t live, const float* bounds,
+                                   GumbelBest& best, const Upper& upper, const Eligible& eligible, const Key& key) {
+  const Philox4x32Out high = gumbel_high_bits(rng, group);
+  SPECD_UNROLL
+  for (int32_t j = 0; j < kGumbelGroup; ++j) {
+    if (!(live >> j & 1u)) continue;
+    const uint32_t h = philox_half(high, j);
+    if (upper(j, bounds[gumbel_bucket(h)]) < best.floor || !eligible(j)) continue;
+    const int32_t i = group * kGumbelGroup + j;
+    best.offer(key(j, gumbel_from_bits(gumbel_bits(rng, i, h))), i);
+  }
+}
+
+// The rounds of a Gumbel pass over a row of `vocab`: thread rank takes groups rank, rank +
+// size, ..., and fn(group, i0, values) gets each group's first id and its 8 logits (-inf past
+// the row's end). Every thread runs every round, so that the warp can share best.floor after
+// each (Blocks with warp_max).
+template <class Block, class Load, class Fn>
+SPECD_HOST_DEVICE void gumbel_rounds(Block& b, const Load& load, int32_t vocab, GumbelBest& best, const Fn& fn) {
+  const int32_t groups = vocab / kGumbelGroup + (vocab % kGumbelGroup != 0 ? 1 : 0);
+  for (int32_t base = 0; base < groups; base += b.size()) {
+    const int32_t group = base + b.rank();
+    if (group < groups) {
+      float values[kGumbelGroup];
+      load_group(load, group * kGumbelGroup, vocab, values);
+      fn(group, group * kGumbelGroup, values);
+    }
+    if constexpr (HasWarpMax<Block>::value) best.floor = b.warp_max(best.floor);
+  }
+}
+
 // The token DrawRule::kGumbelMax draws from this row with key `rng` (sampling_batch.h);
 // `bounds`: fill_gumbel_bounds' table; `plan`: as sample_token_row's.
 template <class Block, class Load>
@@ -64,59 +116,35 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
     }
   }
   const GumbelScale scale = gumbel_scale(params.temperature);
-  bool bad = false;                  // rows without a cut are validated here
-  double best = -INFINITY;           // this thread's largest key, at best_id
-  int32_t best_id = INT32_MAX;
-  float floor = -INFINITY;  // a float at most some key found in the row: keys below it cannot win
-  const int32_t groups = vocab / kGumbelGroup + (vocab % kGumbelGroup != 0 ? 1 : 0);
-  // Every thread runs every round (the warp's share below needs all lanes).
-  for (int32_t base = 0; base < groups; base += b.size()) {
-    const int32_t group = base + b.rank();
-    if (group < groups) {
-      const int32_t i0 = group * kGumbelGroup;
-      float logits[kGumbelGroup];
-      load_group(load, i0, vocab, logits);
-      // Which tokens may be drawn: finite, valid, and not below a cut's exponent floor (the
-      // cheap half of kept_prob's test); a group with none skips its Philox call.
-      uint32_t live = 0;
-      SPECD_UNROLL
-      for (int32_t j = 0; j < kGumbelGroup; ++j) {
-        const float l = logits[j];
-        if (!cuts) bad = bad || is_bad_logit(l);
-        if (!(l > -INFINITY) || is_bad_logit(l)) continue;  // probability 0, or a row reported below
-        if (cuts && plan.keep_floor > -INFINITY &&
-            softmax_exponent(l, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
-          continue;
-        live |= 1u << j;
-      }
-      if (live != 0) {
-        const Philox4x32Out high = gumbel_high_bits(rng, group);
-        SPECD_UNROLL
-        for (int32_t j = 0; j < kGumbelGroup; ++j) {
-          if (!(live >> j & 1u)) continue;
-          const float l = logits[j];
-          const uint32_t h = philox_half(high, j);
-          if (screen_upper(scale, l, bounds[gumbel_bucket(h)]) < floor) continue;
-          if (cuts && !(kept_prob(plan, i0 + j, l) > 0)) continue;
-          const double key = gumbel_key(scale, l, gumbel_from_bits(gumbel_bits(rng, i0 + j, h)));
-          if (key > best) {  // ids rise through a thread's groups: equal keys keep the lower id
-            best = key;
-            best_id = i0 + j;
-            const float f = float_at_most(key);
-            floor = f > floor ? f : floor;
-          }
-        }
-      }
+  bool bad = false;  // rows without a cut are validated here
+  GumbelBest best;
+  gumbel_rounds(b, load, vocab, best, [&](int32_t group, int32_t i0, float (&logits)[kGumbelGroup]) {
+    // Which tokens may be drawn: finite, valid, and not below a cut's exponent floor (the
+    // cheap half of kept_prob's test); a group with none skips its Philox call.
+    uint32_t live = 0;
+    SPECD_UNROLL
+    for (int32_t j = 0; j < kGumbelGroup; ++j) {
+      const float l = logits[j];
+      if (!cuts) bad = bad || is_bad_logit(l);
+      if (!(l > -INFINITY) || is_bad_logit(l)) continue;  // probability 0, or a row reported below
+      if (cuts && plan.keep_floor > -INFINITY &&
+          softmax_exponent(l, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
+        continue;
+      live |= 1u << j;
     }
-    if constexpr (HasWarpMax<Block>::value) floor = b.warp_max(floor);
-  }
+    if (live != 0)
+      offer_group(
+          rng, group, live, bounds, best, [&](int32_t j, float g) { return screen_upper(scale, logits[j], g); },
+          [&](int32_t j) { return !cuts || kept_prob(plan, i0 + j, logits[j]) > 0; },
+          [&](int32_t j, double g) { return gumbel_key(scale, logits[j], g); });
+  });
   // Keys are finite, so +inf marks a thread that read a bad logit (a row without a cut); and
   // every finite logit is a candidate until a key is found, so a row with one has a key
   // above -inf. Two collectives: the largest key, then the least id holding it.
-  const double top = b.max(bad ? INFINITY : best);
+  const double top = b.max(bad ? INFINITY : best.key);
   if (top == INFINITY) return SampleStatus::kBadLogit;
   if (!(top > -INFINITY)) return SampleStatus::kNoFiniteLogit;
-  *token = b.min(best == top ? best_id : INT32_MAX);
+  *token = b.min(best.key == top ? best.id : INT32_MAX);
   return SampleStatus::kOk;
 }
 
@@ -135,50 +163,29 @@ SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int3
     for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
     return status;
   }
-  double best = -INFINITY;  // this thread's largest key, at best_id
-  int32_t best_id = INT32_MAX;
-  float floor = -INFINITY;  // a float at most some key found in the row
-  const int32_t groups = vocab / kGumbelGroup + (vocab % kGumbelGroup != 0 ? 1 : 0);
-  for (int32_t base = 0; base < groups; base += b.size()) {  // every thread runs every round
-    const int32_t group = base + b.rank();
-    if (group < groups) {
-      const int32_t i0 = group * kGumbelGroup;
-      float q[kGumbelGroup];
-      load_group(load, i0, vocab, q);
-      uint32_t live = 0;
-      SPECD_UNROLL
-      for (int32_t j = 0; j < kGumbelGroup; ++j) {
-        if (i0 + j >= vocab) break;
-        q[j] = static_cast<float>(row_prob(plan, i0 + j, q[j]));
-        probs[i0 + j] = q[j];
-        if (q[j] > 0) live |= 1u << j;
-      }
-      if (live != 0 && !plan.greedy) {
-        const Philox4x32Out high = gumbel_high_bits(rng, group);
-        SPECD_UNROLL
-        for (int32_t j = 0; j < kGumbelGroup; ++j) {
-          if (!(live >> j & 1u)) continue;
-          const uint32_t h = philox_half(high, j);
-          if (screen_upper(GumbelScale{true, 1.0, 1.0f}, log_upper(q[j]), bounds[gumbel_bucket(h)]) < floor) continue;
-          const double key =
-              exact_add(deterministic_log(static_cast<double>(q[j])), gumbel_from_bits(gumbel_bits(rng, i0 + j, h)));
-          if (key > best) {
-            best = key;
-            best_id = i0 + j;
-            const float f = float_at_most(key);
-            floor = f > floor ? f : floor;
-          }
-        }
-      }
+  GumbelBest best;
+  gumbel_rounds(b, load, vocab, best, [&](int32_t group, int32_t i0, float (&q)[kGumbelGroup]) {
+    uint32_t live = 0;  // the logits become the row's probabilities
+    SPECD_UNROLL
+    for (int32_t j = 0; j < kGumbelGroup; ++j) {
+      if (i0 + j >= vocab) break;
+      q[j] = static_cast<float>(row_prob(plan, i0 + j, q[j]));
+      probs[i0 + j] = q[j];
+      if (q[j] > 0) live |= 1u << j;
     }
-    if constexpr (HasWarpMax<Block>::value) floor = b.warp_max(floor);
-  }
+    if (live != 0 && !plan.greedy)
+      offer_group(
+          rng, group, live, bounds, best,
+          [&](int32_t j, float g) { return screen_upper(GumbelScale{true, 1.0, 1.0f}, log_upper(q[j]), g); },
+          [](int32_t) { return true; },
+          [&](int32_t j, double g) { return exact_add(deterministic_log(static_cast<double>(q[j])), g); });
+  });
   if (plan.greedy) {  // a one-hot row: its token
     *token = plan.argmax;
     return status;
   }
-  const double top = b.max(best);  // finite: the row's largest probability is > 0
-  *token = b.min(best == top ? best_id : INT32_MAX);
+  const double top = b.max(best.key);  // finite: the row's largest probability is > 0
+  *token = b.min(best.key == top ? best.id : INT32_MAX);
   return status;
 }
 
