@@ -217,7 +217,7 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
     requests' verification passes cluster=True to verify_stochastic. On the CPU the ops
     run the float32 references either way, so outputs equal the default kernels'."""
     target, draft, prompts, baseline = pair
-    seen = {"grouped": [], "cluster": []}
+    seen = {"grouped": [], "cluster": [], "gumbel": []}
     real_attention = torch.ops.specd.tree_attention
     real_sample = torch.ops.specd.sample_tokens_and_probs
     real_sample_out = torch.ops.specd.sample_tokens_and_probs_out
@@ -226,12 +226,14 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
         seen["grouped"].append(args[8])  # (q, k, v, table, query_start, kv_lens, mask, scale, grouped, tree_lens)
         return real_attention(*args)
 
-    def sample(*args):
-        seen["cluster"].append(args[-1])
+    def sample(*args):  # (logits, params, keys, cluster, gumbel)
+        seen["cluster"].append(args[3])
+        seen["gumbel"].append(args[4])
         return real_sample(*args)
 
-    def sample_out(*args):
-        seen["cluster"].append(args[-1])
+    def sample_out(*args):  # (logits, params, keys, probs, cluster, gumbel)
+        seen["cluster"].append(args[4])
+        seen["gumbel"].append(args[5])
         return real_sample_out(*args)
 
     for name, fn in (("tree_attention", attention), ("sample_tokens_and_probs", sample),
@@ -264,6 +266,7 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
     assert [o.token_ids for o in eager.generate(prompts, sampled)] == want
     assert seen["grouped"] and all(seen["grouped"])
     assert seen["cluster"] and all(seen["cluster"])
+    assert not any(seen["gumbel"])  # KernelChoice.draw keeps its default, the inverse-CDF draw
     assert seen["verify"] and all(seen["verify"])  # the target's verification of sampled requests
     default = make_llm(target, draft, "draft", target_graph=True)
     assert default.target.kernels == specd.KernelChoice() and default.target_graph.backend.grouped == "auto"
