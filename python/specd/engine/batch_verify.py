@@ -157,7 +157,8 @@ def _sample_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.T
     reqs = [it.request for it, _ in group]
     params, keys = _sampling_words(reqs, np.ones(len(reqs), dtype=np.int64), logits.device)
     index = [a for _, (a, _) in group]
-    rows = logits[index[0]:index[0] + 1] if len(index) == 1 else logits[torch.tensor(index, device=logits.device)]
+    rows = (logits[index[0]:index[0] + 1] if len(index) == 1
+            else logits.index_select(0, _to_device(torch.tensor(index, dtype=torch.int64), logits.device)))
     tokens, status = sample_tokens(rows, params, keys, cluster, gumbel)
     host = torch.cat([tokens, status]).cpu().numpy()  # the one sync
     results = []

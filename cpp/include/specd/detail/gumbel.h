@@ -167,15 +167,18 @@ SPECD_HOST_DEVICE inline double gumbel_key(const GumbelScale& s, float logit, do
   return s.divide ? exact_add(exact_mul(l, s.factor), g) : exact_add(l, exact_mul(s.factor, g));
 }
 
-// A float upper bound of gumbel_key(s, logit, g) for any g <= g_bound (logit finite): the
-// float form of the key plus a margin of 2^-20 of its terms' magnitudes (the float factor and
-// the float operations are off by a few 2^-24 of them) and FLT_MIN (a factor below float's
-// range). Overflow gives +inf: not screened out.
-SPECD_HOST_DEVICE inline float screen_upper(const GumbelScale& s, float logit, float g_bound) {
-  const float a = s.divide ? exact_mulf(logit, s.factor_f) : logit;
-  const float c = s.divide ? g_bound : exact_mulf(s.factor_f, g_bound);
+// A float at least a + c computed in double from values within a few 2^-24 of a and c
+// (relative): their float sum plus 2^-20 of their magnitudes plus FLT_MIN (a term below
+// float's range). Overflow gives +inf: not screened out.
+SPECD_HOST_DEVICE inline float sum_upper(float a, float c) {
   const float magnitude = exact_addf(a >= 0 ? a : -a, c >= 0 ? c : -c);
   return exact_addf(exact_addf(a, c), exact_addf(exact_mulf(magnitude, 0x1p-20f), FLT_MIN));
+}
+
+// A float upper bound of gumbel_key(s, logit, g) for any g <= g_bound (logit finite): the
+// float form of the key (the float factor is off by 2^-24 of it), bounded by sum_upper.
+SPECD_HOST_DEVICE inline float screen_upper(const GumbelScale& s, float logit, float g_bound) {
+  return s.divide ? sum_upper(exact_mulf(logit, s.factor_f), g_bound) : sum_upper(logit, exact_mulf(s.factor_f, g_bound));
 }
 
 // A float upper bound of ln(q) for a float probability q > 0 (the screen of the probability

@@ -176,7 +176,7 @@ SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int3
     if (live != 0 && !plan.greedy)
       offer_group(
           rng, group, live, bounds, best,
-          [&](int32_t j, float g) { return screen_upper(GumbelScale{true, 1.0, 1.0f}, log_upper(q[j]), g); },
+          [&](int32_t j, float g) { return sum_upper(log_upper(q[j]), g); },
           [](int32_t) { return true; },
           [&](int32_t j, double g) { return exact_add(deterministic_log(static_cast<double>(q[j])), g); });
   });
