@@ -2,7 +2,11 @@
 (run_draft, torch attention) against the draft graph runner (engine/draft_graph.py) eager,
 captured as one CUDA graph per call ("one graph") and as one graph per forward (the default,
 "CUDA graph"), and with the target's verify steps captured too (target_graph.py), through the
-whole engine.
+whole engine: with the drafts read on the host between the draft call and the verify forward
+("draft + target graphs") or kept on the device until the verify forward is queued ("drafts
+kept on device", Engine.device_drafts: the default with both runners; the draft-call probes
+below wrap run_draft, which this mode does not call, so its row has the engine's figures only:
+compare its step ms and tok/s with the mode before it).
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
                                          [--kernels FIELD=VALUE,...] [--tree-width W] [--dry-run]
@@ -57,13 +61,13 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
   fill us/step, launch us/step  of that host time: packing and uploading the inputs
                  (DraftGraphRunner._fill) and the graph launches (CUDAGraph.replay calls)
   target ms/step, step ms: the engine's target forward time and whole step time per step
-                 (the last mode also runs verify steps through the target graph runner)
+                 (the last two modes also run verify steps through the target graph runner)
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
                  whether the outputs equal those of the case's first mode with the same layers
                  (greedy speculation is lossless, so every mode must produce the same tokens; fused
-                 and torch layers round differently in bf16; the target-graph mode
-                 verifies with the attention kernels while the others verify with torch SDPA,
-                 so in bf16 it is also compared with plain decoding through the target graph,
+                 and torch layers round differently in bf16; the target-graph modes
+                 verify with the attention kernels while the others verify with torch SDPA,
+                 so in bf16 they are also compared with plain decoding through the target graph,
                  i.e. with the same attention numerics).
 Re-running a draft call is harmless: it writes the same KV rows with the same values and
 returns the same drafts. --budget-s (default 120): cases not started by then (or predicted to
@@ -85,11 +89,11 @@ from typing import Optional
 import torch
 
 MODES = ("eager loop", "graph runner, eager", "graph runner, one graph", "graph runner, CUDA graph",
-         "draft + target graphs")
+         "draft + target graphs", "drafts kept on device")
 # --tree-width W > 1: draft-model trees, grown by the host loop (a host read per forward) or on
 # the device by the tree runner (engine/draft_tree_graph.py), eager or captured.
 TREE_MODES = ("tree host loop", "tree runner, eager", "tree runner, CUDA graph")
-GRAPH_MODES = (MODES[2], MODES[3], MODES[4], TREE_MODES[2])  # with --torch-layers: run with both layer kinds
+GRAPH_MODES = (MODES[2], MODES[3], MODES[4], MODES[5], TREE_MODES[2])  # with --torch-layers: run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
 SLEEP_CYCLES = 10_000_000  # ~5 ms of GPU clock: longer than a draft call's host work
 
@@ -311,8 +315,11 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
                                    draft_tree_width=tree_width if tree else 1)
     llm = specd.LLM.from_models(target, draft, spec, device=draft.device, max_num_seqs=batch, max_model_len=2048,
                                 num_kv_pages=4096 if draft.device.type == "cuda" else 256,
-                                draft_graph=mode not in (MODES[0], TREE_MODES[0]), target_graph=mode == MODES[4],
-                                fused_layers=layers == "fused")
+                                draft_graph=mode not in (MODES[0], TREE_MODES[0]),
+                                target_graph=mode in (MODES[4], MODES[5]), fused_layers=layers == "fused")
+    # Both runners: the drafts read on the host between the draft call and the verify forward
+    # (MODES[4]), or kept on the device until the verify forward is queued (MODES[5]).
+    llm.engine.device_drafts = mode == MODES[5]
     if mode in (MODES[1], MODES[2]):  # the runner's loop without capture; one graph for the whole call
         old = llm.draft_graph
         llm.draft_graph = llm.engine.draft_graph = DraftGraphRunner(llm.draft, llm.pool, replace(
@@ -336,7 +343,7 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
               "draft_forwards": t.draft_forwards, "target_ms_per_step": 1e3 * t.target_forward_s / max(1, t.steps),
               "step_ms": 1e3 * t.step_s / max(1, t.steps), "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
               "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
-    if mode == MODES[4]:
+    if mode in (MODES[4], MODES[5]):
         # The verify pass now attends with the kernels, plain decoding with torch SDPA: in bf16
         # their rounding differs. Lossless means equal to plain decoding with the same
         # numerics: plain decoding through the target graph (decode steps are 1-row verifies).
@@ -437,7 +444,7 @@ def main(argv=None) -> int:
     if tree_width > 1:
         modes = TREE_MODES[:2] if args.smoke_cpu else TREE_MODES
     else:
-        modes = (MODES[0], MODES[1], MODES[4]) if args.smoke_cpu else MODES
+        modes = (MODES[0], MODES[1], MODES[4], MODES[5]) if args.smoke_cpu else MODES
     path = os.path.join(args.out, "bench_draft_loop.json")
     print(f"plan: draft loop, (batch, k) in {sizes}, {max_tokens} tokens, modes {list(modes)}, budget "
           f"{args.budget_s:.0f} s; JSON -> {path}", flush=True)

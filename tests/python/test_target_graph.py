@@ -14,6 +14,7 @@ import specd
 from specd import errors
 from specd.engine import model_runner
 from specd.engine.params import SamplingParams
+from specd.engine.policy import Decision, StaticPolicy
 from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
 from specd.verification import TokenTree
 from test_engine import prompts_of_mixed_lengths, self_draft
@@ -92,16 +93,30 @@ def make_llm(target, draft, spec, **kw):
     return llm
 
 
+class _Calls(list):
+    """checked_run_target's record (a list with a device_drafts attribute)."""
+
+
 def checked_run_target(monkeypatch, calls):
     """Makes every engine verify forward run the plain path first, then the path with the
     engine's runner on the same items (the KV writes are the same rows, equal up to rounding),
-    and compare their logits. Records (runner used, batch size, tree sizes, all chains)."""
+    and compare their logits. Records (runner used, batch size, tree sizes, all chains); a
+    step whose draft chains stayed on the device (``drafts``) runs the plain path on the trees
+    with the drafts read, the runner's on the placeholder trees, and is recorded in
+    ``calls.device_drafts`` as (drafting items, items)."""
     real = model_runner.run_target
+    calls.device_drafts = []
 
-    def run(model, pool, items, trees, graph=None):
+    def run(model, pool, items, trees, graph=None, drafts=None):
         assert graph is not None  # the engine passes its runner
-        want = real(model, pool, items, trees)
-        got = real(model, pool, items, trees, graph=graph)
+        read = dict(trees)
+        if drafts is not None:
+            for it, chain in zip(drafts.items, drafts.to_host()):
+                assert trees[it.request.id].tokens[1:].tolist() == [0] * it.k  # placeholders
+                read[it.request.id] = TokenTree.chain(it.request.tokens[-1], chain)
+            calls.device_drafts.append((len(drafts.items), len(items)))
+        want = real(model, pool, items, read)
+        got = real(model, pool, items, trees, graph=graph, drafts=drafts)
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)
         assert torch.equal(got.argmax(-1), want.argmax(-1))
@@ -132,7 +147,7 @@ def test_engine_greedy_with_target_graph_equals_plain_decoding(pair, monkeypatch
     llm = make_llm(target, draft, spec, target_graph=True)
     assert isinstance(llm.target_graph, TargetGraphRunner) and llm.engine.target_graph is llm.target_graph
     assert llm.target_graph.config.max_query == 1 + (6 if spec == "ngram-tree" else 3)
-    calls = []
+    calls = _Calls()
     checked_run_target(monkeypatch, calls)
     outs = llm.generate(prompts, greedy_params(len(prompts)))
     assert [o.token_ids for o in outs] == baseline
@@ -152,7 +167,7 @@ def test_batch_buckets_overflow_and_query_limit(pair, monkeypatch):
     target, draft, prompts, baseline = pair
     llm = make_llm(target, draft, "ngram-tree", target_graph=True)
     runner = runner_like(llm, buckets=(3, 5))
-    calls = []
+    calls = _Calls()
     checked_run_target(monkeypatch, calls)
     assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
     pure = [(used, n) for used, n, sizes, _ in calls if len(sizes) == n]  # no prefill in the step
@@ -177,13 +192,54 @@ def test_batch_buckets_overflow_and_query_limit(pair, monkeypatch):
             assert any(not used and rows > 8 for used, rows, _ in pure)
 
 
-def test_draft_and_target_graphs_together(pair, monkeypatch):
+@pytest.mark.parametrize("device_drafts", [True, False])
+def test_draft_and_target_graphs_together(pair, monkeypatch, device_drafts):
+    """Both runners: the draft chains go from the draft runner's buffers into the verify
+    inputs on the device (Engine.device_drafts, the default) or through the host; greedy
+    outputs equal plain decoding either way."""
     target, draft, prompts, baseline = pair
     llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True)
-    calls = []
+    llm.engine.device_drafts = device_drafts
+    calls = _Calls()
     checked_run_target(monkeypatch, calls)
     assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
     assert any(used for used, _, _, _ in calls)
+    assert bool(calls.device_drafts) == device_drafts
+
+
+class VaryingK(StaticPolicy):
+    """k = (request id + step) mod (k + 1) per request: steps mix requests with k = 0 (no
+    drafts), short and full chains."""
+
+    def __init__(self, k: int):
+        super().__init__(k, ("draft",))
+        self.steps = 0
+
+    def decide(self, batch):
+        self.steps += 1
+        return [Decision(min((s.request.id + self.steps) % (self.k + 1), s.k_max), "draft") for s in batch]
+
+
+def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
+    """Device-resident drafts (both runners) in steps that mix requests without drafts and
+    chains of several lengths (draft_column's zero column, rows past a short chain): greedy
+    outputs equal plain decoding, and seeded sampled outputs equal those of drafts read
+    through the host."""
+    target, draft, prompts, baseline = pair
+    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
+    calls = _Calls()
+    checked_run_target(monkeypatch, calls)
+    assert [o.token_ids for o in llm.generate(prompts, greedy_params(len(prompts)))] == baseline
+    assert calls.device_drafts and any(n < m for n, m in calls.device_drafts)  # a step with k = 0 requests
+    monkeypatch.undo()
+    params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_p=0.95, max_tokens=MAX_TOKENS,
+                             ignore_eos=True, seed=i) for i in range(len(prompts))]
+    got = {}
+    for on_device in (True, False):
+        llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
+        llm.engine.device_drafts = on_device
+        got[on_device] = [o.token_ids for o in llm.generate(prompts, params)]
+    assert got[True] == got[False]
 
 
 def test_sampled_requests_with_target_graph(pair):
@@ -337,6 +393,41 @@ def test_gpu_kernel_choice_keeps_outputs(pair, cuda):
                          kernels=specd.KernelChoice(grouped_attention=True, cluster_rows=False))
     assert ([o.token_ids for o in llm.generate(prompts, sampled)]
             == [o.token_ids for o in one_block.generate(prompts, sampled)])
+
+
+def test_gpu_device_drafts_reach_the_verify_forward_without_host_sync(pair, monkeypatch, cuda):
+    """Both runners captured (LLM's default on CUDA): from the draft call to the queued verify
+    forward nothing waits for the GPU (torch.cuda.set_sync_debug_mode("error") around the draft
+    call and the target forward that copies the device-resident drafts into its inputs), and
+    greedy outputs equal plain decoding. Not yet run on a GPU (written 2026-11-27)."""
+    target, draft, prompts, _ = pair
+    params = greedy_params(len(prompts))
+    baseline = [o.token_ids for o in specd.LLM(target, device="cuda", max_num_batched_tokens=BUDGET)
+                .generate(prompts, params)]
+    llm = make_llm(target, draft, "draft", device="cuda")
+    assert llm.engine.device_drafts and llm.draft_graph.capture and llm.target_graph.capture
+    llm.draft_graph.capture_all((False,))
+    llm.target_graph.capture_all()
+    real_draft, real_target, seen = model_runner.run_draft_on_device, model_runner.run_target, []
+
+    def no_sync(fn, *args, **kw):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*args, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    def target_call(model, pool, items, trees, graph=None, drafts=None):
+        if drafts is None:
+            return real_target(model, pool, items, trees, graph=graph)
+        seen.append(len(drafts.items))
+        return no_sync(real_target, model, pool, items, trees, graph=graph, drafts=drafts)
+
+    monkeypatch.setattr(model_runner, "run_draft_on_device", lambda *a, **kw: no_sync(real_draft, *a, **kw))
+    monkeypatch.setattr(model_runner, "run_target", target_call)
+    assert [o.token_ids for o in llm.generate(prompts, params)] == baseline
+    assert seen
 
 
 @pytest.mark.parametrize("spec", ["ngram-tree", "draft"])

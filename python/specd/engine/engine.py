@@ -20,7 +20,7 @@ from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
 from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
-from specd.engine.timer import WallTimer, causal_keys
+from specd.engine.timer import EventTimer, WallTimer, causal_keys
 from specd.errors import InvalidArgumentError
 from specd.models.kernel_choice import kernels_of
 from specd.kv_cache import KVCachePool
@@ -60,10 +60,17 @@ class Engine:
             self.scheduler.probe = self._probe_trees
         self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
         self._draft_trees: dict[int, DraftTree] = {}  # request id -> this step's draft-model tree
-        self.timer = timer or WallTimer(sync_cuda=target.device.type == "cuda")
+        # On a GPU, forwards are timed by CUDA events (no host synchronisation around them).
+        self.timer = timer or (EventTimer() if target.device.type == "cuda" else WallTimer())
         self._step_seconds = shape_aware(self.timer.step_seconds)  # (forward seconds, StepShape)
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)
+        # Draft-model chains stay on the device from the draft graph runner into the target
+        # graph runner's inputs when both runners take the step (model_runner.DeviceDrafts):
+        # the host reads them after queueing the verify forward. False: read them between.
+        self.device_drafts = True
+        self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
+        self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
         # Ids of online requests (Request.online) that steps scheduled or that ended (aborts)
         # since the consumer last emptied it: LLM.step reports only those.
@@ -126,17 +133,21 @@ class Engine:
                 it.request.started = now
         self.touched.update(it.request.id for it in items if it.request.online)
         deciding = [it for it in items if it.decide]
-        forward_s = 0.0
+        self._forward_s = {"draft": 0.0, "target": 0.0}
+        self._pending_forwards.clear()  # (a step that raised may have left some)
         draft_forwards = self.timings.draft_forwards
-        trees, draft_dists, draft_s = self._propose(deciding, sum(it.num_prefix for it in items))
-        forward_s += draft_s
+        trees, draft_dists, drafts = self._propose(deciding, sum(it.num_prefix for it in items))
+        if drafts is not None and not model_runner.graph_takes(self.target_graph, self.target, self.pool, items,
+                                                               trees):
+            self._place_drafts(drafts, trees)
+            drafts = None
         tokens = sum(it.num_prefix + (len(trees[it.request.id]) if it.decide else 0) for it in items)
         # Attended keys price a synthetic step (timer.py); a wall clock does not read them.
         keys = sum(_target_keys(it, trees) for it in items) if getattr(self.timer, "synthetic", True) else None
-        logits, target_s = self.timer.forward("target", tokens, lambda: model_runner.run_target(
-            self.target, self.pool, items, trees, graph=self.target_graph), keys)
-        self.policy.observe_forward("target", tokens, target_s)
-        forward_s += target_s
+        logits = self._timed_forward("target", tokens, lambda: model_runner.run_target(
+            self.target, self.pool, items, trees, graph=self.target_graph, drafts=drafts), keys)
+        if drafts is not None:  # the verify forward is queued behind the draft call: now read the drafts
+            self._place_drafts(drafts, trees)
         finished = []
         self._emitted = 0
         target_kernels = kernels_of(self.target)
@@ -157,6 +168,8 @@ class Engine:
         shape = StepShape(len(items), sum(1 for it in deciding if it.k > 0),
                           sum(trees[it.request.id].num_drafts for it in deciding),
                           self.timings.draft_forwards - draft_forwards)
+        draft_s, target_s = self._settle_forwards()
+        forward_s = draft_s + target_s
         step_s = self._step_seconds(forward_s, shape)
         if self._observe_overhead is not None:
             self._observe_overhead(step_s - forward_s, shape)
@@ -170,6 +183,33 @@ class Engine:
         t.target_forward_s += target_s
         t.draft_forward_s += draft_s
         return finished
+
+    def _timed_forward(self, model: str, tokens: int, fn, keys: Optional[int] = None):
+        """Runs a forward through the timer and reports its time to the policy: at once, or at
+        the end of the step for a timer that defers (EventTimer's spans). Returns fn's result."""
+        result, seconds = self.timer.forward(model, tokens, fn, keys)
+        if hasattr(seconds, "resolve"):
+            self._pending_forwards.append((model, tokens, seconds))
+        else:
+            self._observe_forward(model, tokens, seconds)
+        return result
+
+    def _observe_forward(self, model: str, tokens: int, seconds: float) -> None:
+        self.policy.observe_forward(model, tokens, seconds)
+        self._forward_s[model] += seconds
+
+    def _settle_forwards(self) -> tuple[float, float]:
+        """The step's deferred forward times reported; returns its (draft, target) seconds."""
+        for model, tokens, span in self._pending_forwards:
+            self._observe_forward(model, tokens, span.resolve())
+        self._pending_forwards.clear()
+        return self._forward_s["draft"], self._forward_s["target"]
+
+    @staticmethod
+    def _place_drafts(drafts: model_runner.DeviceDrafts, trees: dict[int, TokenTree]) -> None:
+        """The device-resident chains read to the host, into their items' trees."""
+        for it, chain in zip(drafts.items, drafts.to_host()):
+            trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], chain)
 
     def _probe_trees(self, batch: list[StepRequest]) -> None:
         """StepRequest.node_probs: each model-free proposer's candidate tree at a budget of
@@ -200,10 +240,13 @@ class Engine:
                                                        [it.nodes for it in grp], other)
 
     def _propose(self, items: list[WorkItem], prefix_tokens: int = 0,
-                 ) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], float]:
+                 ) -> tuple[dict[int, TokenTree], dict[int, torch.Tensor], Optional[model_runner.DeviceDrafts]]:
+        """Every deciding item's tree and, for sampled draft-model chains, the draft
+        distributions. Third: the draft model's chains when they stayed on the device (their
+        trees hold placeholder tokens until ``_place_drafts``), else None."""
         trees = {it.request.id: TokenTree(it.request.tokens[-1]) for it in items}
         dists: dict[int, torch.Tensor] = {}
-        draft_s = 0.0
+        on_device = None
         by_method: dict[str, list[WorkItem]] = {}
         for it in items:
             if it.k > 0:
@@ -211,12 +254,8 @@ class Engine:
         for method, group in by_method.items():
             if method == "draft":
                 def on_forward(tokens: int, fn, keys: Optional[int] = None):
-                    nonlocal draft_s
-                    result, seconds = self.timer.forward("draft", tokens, fn, keys)
-                    self.policy.observe_forward("draft", tokens, seconds)
                     self.timings.draft_forwards += 1
-                    draft_s += seconds
-                    return result
+                    return self._timed_forward("draft", tokens, fn, keys)
                 width = self.scheduler.config.draft_tree_width
                 if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
                     sizer = self._tree_sizer(items, group, prefix_tokens)
@@ -227,7 +266,17 @@ class Engine:
                         if sizer is not None and drafted.tree.num_drafts:  # the policy learns its calibration
                             self._tree_probs[it.request.id] = drafted.predicted
                     continue
-                drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward, graph=self.draft_graph)
+                # Only draft-model chains in the step: they may stay on the device until the
+                # target graph runner has queued the verify forward (the target's inputs then
+                # have no host-known draft tokens to mix with theirs).
+                kept = (model_runner.run_draft_on_device(self.draft, self.pool, group, on_forward, self.draft_graph)
+                        if self.device_drafts and len(by_method) == 1 and self.target_graph is not None else None)
+                if kept is not None:
+                    on_device, qs = kept
+                    drafts = [[0] * it.k for it in group]  # placeholders (_place_drafts)
+                else:
+                    drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward,
+                                                        graph=self.draft_graph)
                 for it, d, q in zip(group, drafts, qs):
                     trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
                     if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)
@@ -239,7 +288,7 @@ class Engine:
                     trees[it.request.id] = out.tree(i)
                     if self.scheduler.probe is not None:  # a policy that learns from node probabilities
                         self._tree_probs[it.request.id] = out.expected_accepted(i)
-        return trees, dists, draft_s
+        return trees, dists, on_device
 
     def _commit_prefill(self, it: WorkItem) -> None:
         req = it.request

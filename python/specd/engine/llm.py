@@ -225,6 +225,7 @@ class LLM:
         engine = Engine(self.target, self.draft, self.pool, self.speculation, policy, self._scheduler_config,
                         timer=self._timer)
         engine.draft_graph, engine.target_graph = self.draft_graph, self.target_graph
+        engine.device_drafts = self.engine.device_drafts
         self.engine = engine
         self._next_id = 0
         self._online.clear()  # only ended requests can be left (their final chunks are dropped)

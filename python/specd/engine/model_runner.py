@@ -177,17 +177,51 @@ def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) ->
                    item.target_slots[:len(ids)], c + len(ids), mask, key_positions, logits_from)
 
 
+@dataclass
+class DeviceDrafts:
+    """The chains of a draft call while they are still on the device: the draft graph runner's
+    sampled tokens, which the target graph runner copies into its verify inputs on the device
+    (``run_target(..., drafts=)``), so the host reads them once, after the verify forward is
+    queued, instead of waiting for them between the draft call and the target forward.
+
+    tokens: int64 ``[k, n]`` on the model's device, a view of the runner's buffers (valid until
+        its next run); column i holds ``items[i]``'s drafts in its first ``items[i].k`` rows
+        (rows past them: the runner's samples for an inactive row, never verified).
+    items: the draft call's work items, in column order."""
+
+    tokens: torch.Tensor
+    items: list[WorkItem]
+
+    def to_host(self) -> list[list[int]]:
+        """Each item's drafts (one device -> host read: waits for the queued work before it)."""
+        rows = self.tokens.T.tolist()
+        return [row[:it.k] for row, it in zip(rows, self.items)]
+
+
+def graph_takes(graph, model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
+                trees: dict[int, TokenTree]) -> bool:
+    """Whether ``run_target`` runs ``items`` through the target graph runner ``graph``."""
+    return graph is not None and graph.model is model and graph.pool is pool and graph.accepts(items, trees)
+
+
 def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
-               trees: dict[int, TokenTree], graph=None) -> torch.Tensor:
+               trees: dict[int, TokenTree], graph=None, drafts: Optional[DeviceDrafts] = None) -> torch.Tensor:
     """Float32 logits of every deciding item's tree nodes, in item order ``[sum of sizes, vocab]``.
 
     ``graph``: a TargetGraphRunner (engine/target_graph.py) that runs pure verify steps (no
     prefill chunk in the batch) over fixed-shape buffers (a CUDA graph replay on GPUs); the
     engine passes its runner when ``LLM(..., target_graph=...)`` is on (by default on
     CUDA devices); steps it does not accept (prefill, another model or pool, q or batch
-    size past its buffers) run the varlen forward below."""
-    if graph is not None and graph.model is model and graph.pool is pool and graph.accepts(items, trees):
-        return graph.run(items, trees)
+    size past its buffers) run the varlen forward below.
+
+    ``drafts``: the chains of ``drafts.items`` are still on the device and their trees hold
+    placeholder tokens; the runner copies the drafts into its inputs on the device. Only the
+    runner can do that: ``graph_takes`` must hold."""
+    if graph_takes(graph, model, pool, items, trees):
+        return graph.run(items, trees, drafts)
+    if drafts is not None:
+        raise InvalidArgumentError("device-resident drafts need the target graph runner to take the step "
+                                   "(read them to the host first: DeviceDrafts.to_host)")
     windowed = model.window is not None
     segments = [target_segment(it, trees.get(it.request.id), windowed) for it in items]
     return forward(model, pool, TARGET, segments)
@@ -221,10 +255,12 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     its buffers) run the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
+    whole = run_draft_on_device(model, pool, items, on_forward, graph)
+    if whole is not None:  # all k forwards in the runner, forward 0 too
+        drafts, dists = whole
+        return drafts.to_host(), dists  # the one host sync, after the loop
     if graph is not None and (graph.model is not model or graph.pool is not pool or not graph.accepts(items)):
         graph = None
-    if graph is not None and graph.catch_up_width(items) is not None:
-        return _finish_with_graph(graph, items, None, None, on_forward)  # forward 0 in the graph too
     sampled: list[list[torch.Tensor]] = [[] for _ in items]
     dists: list[list[torch.Tensor]] = [[] for _ in items]
     for j in range(1 if graph is not None else steps):
@@ -265,21 +301,32 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     return drafts, [torch.stack(d) if d else None for d in dists]
 
 
-def _finish_with_graph(graph, items: list[WorkItem], sampled: Optional[list[list[torch.Tensor]]],
-                       dists: Optional[list[list[torch.Tensor]]], on_forward,
+def run_draft_on_device(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
+                        on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
+                        graph=None) -> Optional[tuple[DeviceDrafts, list[Optional[torch.Tensor]]]]:
+    """``run_draft`` through the draft graph runner ``graph`` when it runs the whole call (every
+    request's catch-up fits its buffers), without reading the drafts on the host: the drafts
+    as :class:`DeviceDrafts` and the distributions as ``run_draft``'s (copies, on the device).
+    None when the runner does not run the whole call (nothing has run then)."""
+    if (graph is None or graph.model is not model or graph.pool is not pool or not graph.accepts(items)
+            or graph.catch_up_width(items) is None):
+        return None
+    tokens, probs = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None
+    drafts = DeviceDrafts(tokens, list(items))
+    if probs is None:
+        return drafts, [None] * len(items)
+    if not any(it.request.params.greedy for it in items):
+        kept = probs.clone()  # the runner's buffers are reused: one copy for the whole batch
+        return drafts, [kept[:it.k, i] for i, it in enumerate(items)]
+    return drafts, [None if it.request.params.greedy else probs[:it.k, i].clone()  # buffers are reused
+                    for i, it in enumerate(items)]
+
+
+def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Tensor]],
+                       dists: list[list[torch.Tensor]], on_forward,
                        ) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
-    """The draft call through the draft graph runner: all k forwards (``sampled`` None), or
-    forwards 1..k-1 after forward 0 above (``sampled``/``dists``: forward 0's tokens and
-    distributions)."""
-    if sampled is None:
-        tokens, probs = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None
-        rows = tokens.T.tolist()  # the one host sync, after the loop
-        drafts = [row[:it.k] for row, it in zip(rows, items)]
-        if probs is not None and not any(it.request.params.greedy for it in items):
-            kept = probs.clone()  # the runner's buffers are reused: one copy for the whole batch
-            return drafts, [kept[:it.k, i] for i, it in enumerate(items)]
-        return drafts, [None if it.request.params.greedy else probs[:it.k, i].clone()  # buffers are reused
-                        for i, it in enumerate(items)]
+    """Forwards 1..k-1 of the draft call through the draft graph runner, after forward 0 in
+    run_draft (``sampled``/``dists``: forward 0's tokens and distributions)."""
     first = torch.stack([s[0] for s in sampled])  # [n] forward 0's tokens, on the device
     tokens, probs = graph.run(items, first, on_forward)  # [k - 1, n], [k - 1, n, vocab] or None
     rows = torch.cat([first[None], tokens]).T.tolist()  # the one host sync, after the loop

@@ -56,8 +56,11 @@ from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attent
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
-# Fields of the packed int64 input, in order (sizes in _Buffers).
-_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index", "tree_mask", "kv_lens", "block_table")
+# Fields of the packed int64 input, in order (sizes in _Buffers). draft_column: for device-
+# resident drafts (run(..., drafts=)), each request's column of the drafts, or the extra zero
+# column when it has none.
+_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index", "tree_mask", "kv_lens", "block_table",
+           "draft_column")
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class _Buffers(PackedStaging):
     def __init__(self, batch: int, q: int, width: int, device: torch.device):
         tokens, words = batch * q, -(-q // 64)
         self.batch, self.q, self.words = batch, q, words
-        shapes = ((tokens,),) * 4 + ((tokens, words), (batch,), (batch, width))
+        shapes = ((tokens,),) * 4 + ((tokens, words), (batch,), (batch, width), (batch,))
         super().__init__(dict(zip(_FIELDS, shapes)), device)
         self.kv_lens = torch.zeros(batch, dtype=torch.int32, device=device)              # [B]
         self.block_table = torch.full((batch, width), -1, dtype=torch.int32, device=device)  # [B, W]
@@ -157,15 +160,21 @@ class TargetGraphRunner:
         bs, width = self.block_size, self.config.max_blocks
         return all(-(-(it.request.computed[TARGET] + it.num_tokens) // bs) <= width for it in items)
 
-    def run(self, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> torch.Tensor:
+    def run(self, items: Sequence[WorkItem], trees: dict[int, TokenTree], drafts=None) -> torch.Tensor:
         """The verify forward of ``items`` (``accepts`` true). Returns float32 logits
         ``[sum of tree sizes, vocab]`` in item order, as ``run_target``: a view of the runner's
-        buffers on CUDA, valid until its next run."""
+        buffers on CUDA, valid until its next run.
+
+        ``drafts`` (model_runner.DeviceDrafts): chains of some items still on the device, their
+        trees' draft tokens placeholders; they are copied into the uploaded input ids on the
+        device (``_put_drafts``) before the forward, with no host synchronisation."""
         q = self.query_len(items, trees)
         batch = self.bucket(len(items))
         buf = self._buffers_for(batch, q)
         graph = self._graph(batch, q) if self.capture else None
-        rows = self._fill(buf, items, trees)
+        rows = self._fill(buf, items, trees, drafts)
+        if drafts is not None:
+            self._put_drafts(buf, drafts.tokens)
         if graph is not None:
             graph.replay()
             logits = self._logits
@@ -196,13 +205,19 @@ class TargetGraphRunner:
             self._buffers[(batch, q)] = buf
         return buf
 
-    def _fill(self, buf: _Buffers, items: Sequence[WorkItem], trees: dict[int, TokenTree]) -> int:
+    def _fill(self, buf: _Buffers, items: Sequence[WorkItem], trees: dict[int, TokenTree], drafts=None) -> int:
         """Writes the inputs of ``items`` (rows and requests past them: padding) to the staging
         buffer and copies it to the device. Returns the number of logits rows. Whole-step numpy
         operations: one per field, plus one per tree for the masks of trees that are not
-        chains (a chain's node j sees nodes 0..j: bits 2^(j+1) - 1)."""
+        chains (a chain's node j sees nodes 0..j: bits 2^(j+1) - 1). With ``drafts``, also
+        each request's column of them (``draft_column``)."""
         buf.begin()  # the previous run's copy has left the pinned staging
         f, q = buf.fields, buf.q
+        if drafts is not None:
+            column = {it.request.id: c for c, it in enumerate(drafts.items)}
+            none = len(drafts.items)  # _put_drafts' zero column
+            f["draft_column"].fill(none)
+            f["draft_column"][:len(items)] = [column.get(it.request.id, none) for it in items]
         f["input_ids"].fill(0)
         f["positions"].fill(0)  # dummy rows and requests: any position in range
         f["slot_mapping"].fill(-1)
@@ -233,6 +248,21 @@ class TargetGraphRunner:
         self.pool.blocks.block_table_into([it.request.id for it in items], f["block_table"], model=TARGET, pad=-1)
         buf.upload()
         return rows
+
+    def _put_drafts(self, buf: _Buffers, tokens: torch.Tensor) -> None:
+        """Device-resident drafts (int64 ``[k, n]``, column c: the c-th drafting item's chain)
+        into the uploaded input ids: request r's rows 1..k get column ``draft_column[r]`` (a
+        column of zeros for requests without drafts). Rows past a request's tree are dummy
+        rows (no slot, seen by no real row), so what lands there does not matter; tokens are
+        clamped into the vocabulary so that no row indexes the embedding out of range (a real
+        draft out of range, from a failed draft row, is rejected by verification on the host)."""
+        k = tokens.shape[0]
+        if 1 + k > buf.q:
+            raise InvalidArgumentError(f"{k} device drafts per request do not fit verify rows of {buf.q} nodes")
+        d = buf.device
+        picked = torch.nn.functional.pad(tokens, (0, 1)).index_select(1, d["draft_column"])  # [k, B]
+        picked.clamp_(0, self.model.config.vocab_size - 1)
+        d["input_ids"].view(buf.batch, buf.q)[:, 1:1 + k].copy_(picked.T)
 
     def _forward(self, buf: _Buffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The target forward on the buffers: the code a CUDA graph captures. Float32 logits

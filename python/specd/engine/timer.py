@@ -67,6 +67,57 @@ class WallTimer:
         return time.perf_counter() - self._step_start
 
 
+class EventSpan:
+    """A forward's device time between two recorded CUDA events, read when asked (after the
+    step's device work: reading it earlier would wait for the GPU)."""
+
+    __slots__ = ("start", "end")
+
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def resolve(self) -> float:
+        """Seconds from the start event to the end event (waits for the end event)."""
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+class EventTimer:
+    """Real time of CUDA work without host synchronisation: each forward is bracketed by two
+    CUDA events on the current stream and reported as an :class:`EventSpan`, which the engine
+    resolves at the end of the step. The host may then queue the next forward while the GPU
+    still runs the previous one (the engine's device-resident drafts: the target's verify
+    forward is queued behind the draft call). A span counts from when the GPU reached its start
+    event, which is when the host recorded it if the GPU was idle (host work before the first
+    kernel included, as a wall clock would) or when the previous work ended if it was busy.
+    Step time is the host's wall clock (the step ends after the host has read the verify
+    forward's results)."""
+
+    synthetic = False
+
+    def __init__(self):
+        self._step_start = 0.0
+
+    def forward(self, model: str, tokens: int, fn: Callable[[], Any], keys: Optional[int] = None,
+                ) -> tuple[Any, EventSpan]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        result = fn()
+        end.record()
+        return result, EventSpan(start, end)
+
+    def step_begin(self) -> None:
+        self._step_start = time.perf_counter()
+
+    def step_seconds(self, forward_seconds: float, shape: Optional[StepShape] = None) -> float:
+        return time.perf_counter() - self._step_start
+
+
+def resolve_seconds(seconds) -> float:
+    """A timer's forward seconds: a number, or a pending span (``resolve()``)."""
+    return seconds.resolve() if hasattr(seconds, "resolve") else seconds
+
+
 @dataclass(frozen=True)
 class HostTime:
     """Synthetic host time of a step that depends on its shape (seconds; all 0 by default):
