@@ -511,8 +511,8 @@ def poison_target_rows(monkeypatch, victim_id, from_call, value=float("nan")):
     run_target = model_runner.run_target
     calls = [0]
 
-    def poisoned(target, pool, items, trees, graph=None):
-        logits = run_target(target, pool, items, trees, graph=graph)
+    def poisoned(target, pool, items, trees, graph=None, drafts=None):
+        logits = run_target(target, pool, items, trees, graph=graph, drafts=drafts)
         row = 0
         for it in items:
             if not it.decide:

@@ -242,6 +242,19 @@ def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
     assert got[True] == got[False]
 
 
+def test_device_drafts_read_with_the_greedy_rows_in_one_copy():
+    """DeviceDrafts.read: each item's first k drafts of its column, and the extra tensor back."""
+    from types import SimpleNamespace
+
+    tokens = torch.arange(12, dtype=torch.int64).view(3, 4)  # [k 3, n 4]
+    items = [SimpleNamespace(k=k) for k in (3, 1, 2, 3)]
+    drafts = model_runner.DeviceDrafts(tokens, items)
+    chains, extra = drafts.read(torch.tensor([7, -1, 5]))
+    assert chains == [[0, 4, 8], [1], [2, 6], [3, 7, 11]] == drafts.to_host()
+    assert extra.tolist() == [7, -1, 5]
+    assert drafts.read()[1] is None
+
+
 def test_sampled_requests_with_target_graph(pair):
     """Sampled requests verify through the runner's logits: the same tokens as the plain path
     for the same seeds (the logits agree to float rounding), and reproducible."""

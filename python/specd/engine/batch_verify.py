@@ -62,20 +62,21 @@ class VerifyInputs:
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
                   draft_dists: dict[int, torch.Tensor], cluster: bool = False,
-                  gumbel: bool = False) -> dict[int, VerifyInputs]:
+                  gumbel: bool = False, greedy_rows: Optional[torch.Tensor] = None) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
     ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
     (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
-    draw by the Gumbel-max rule (KernelChoice.draw)."""
+    draw by the Gumbel-max rule (KernelChoice.draw). ``greedy_rows``: what
+    ``queue_greedy_rows(logits)`` queued earlier, if it did (or its copy on the CPU)."""
     spans, row = [], 0
     for it in deciding:
         spans.append((row, row + len(trees[it.request.id])))
         row = spans[-1][1]
     out = {it.request.id: VerifyInputs() for it in deciding}
     if any(it.request.params.greedy for it in deciding):
-        argmax, finite = _greedy_rows(logits)
+        argmax, finite = _greedy_rows(logits, greedy_rows)
         argmax = argmax.astype(np.int32)  # what verify_greedy_tokens reads: slices need no copy
         for it, (a, b) in zip(deciding, spans):
             if not it.request.params.greedy:
@@ -108,17 +109,31 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
     return out
 
 
-def _greedy_rows(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
+    """The greedy rows' reduction queued on the logits' device, not read yet: int64 ``[2 rows]``
+    (every row's argmax, then whether its value is finite), for ``verify_inputs(...,
+    greedy_rows=)``. The engine queues it before it waits for something else (its device-
+    resident drafts), so the GPU runs it right after the verify forward. None where there is
+    nothing to queue (CPU float32 rows: numpy reads them in place)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return None
+    argmax = row_argmax(logits)
+    finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
+    return torch.cat([argmax, finite.to(argmax.dtype)])
+
+
+def _greedy_rows(logits: torch.Tensor, queued: Optional[torch.Tensor] = None) -> tuple[np.ndarray, np.ndarray]:
     """Every row's argmax (int64) and whether its value is finite, on the host. A NaN counts
     as the largest value (row_argmax), so a row holding one is not finite either. On a GPU:
-    one copy back; CPU float32 rows are read in place by numpy."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+    one copy back (of ``queued``, queue_greedy_rows' tensor, when given); CPU float32 rows are
+    read in place by numpy."""
+    if queued is None:
+        queued = queue_greedy_rows(logits)
+    if queued is None:
         rows = logits.detach().numpy()
         argmax = rows.argmax(-1)
         return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
-    argmax = row_argmax(logits)
-    finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
-    host = torch.cat([argmax, finite.to(argmax.dtype)]).cpu().numpy()  # one copy
+    host = queued.cpu().numpy()  # one copy
     return host[:len(host) // 2], host[len(host) // 2:].astype(bool)
 
 

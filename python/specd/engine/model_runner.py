@@ -194,8 +194,18 @@ class DeviceDrafts:
 
     def to_host(self) -> list[list[int]]:
         """Each item's drafts (one device -> host read: waits for the queued work before it)."""
-        rows = self.tokens.T.tolist()
-        return [row[:it.k] for row, it in zip(rows, self.items)]
+        return self.read()[0]
+
+    def read(self, extra: Optional[torch.Tensor] = None) -> tuple[list[list[int]], Optional[torch.Tensor]]:
+        """Each item's drafts and, read in the same copy, ``extra`` (an int64 tensor on the same
+        device, e.g. the verify rows' argmax queued after the verify forward) as a CPU tensor."""
+        k, n = self.tokens.shape
+        flat = self.tokens.T.reshape(-1)
+        if extra is not None:
+            flat = torch.cat([flat, extra.reshape(-1)])
+        host = flat.cpu()  # the one wait
+        rows = host[:k * n].view(n, k).tolist()
+        return [row[:it.k] for row, it in zip(rows, self.items)], (host[k * n:] if extra is not None else None)
 
 
 def graph_takes(graph, model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
