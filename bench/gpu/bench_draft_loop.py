@@ -62,6 +62,11 @@ Per row (printed as soon as measured; bench_draft_loop.json rewritten after ever
                  (DraftGraphRunner._fill) and the graph launches (CUDAGraph.replay calls)
   target ms/step, step ms: the engine's target forward time and whole step time per step
                  (the last two modes also run verify steps through the target graph runner)
+  gpu idle us/step  the captured modes on CUDA: the timed run's wall time minus the GPU busy
+                 time of one more run of the same requests under the profiler, per engine step:
+                 what the GPU waits for the host per step, prefill steps included (the engine-
+                 level counterpart of "exposed host"; compare "draft + target graphs" with
+                 "drafts kept on device")
   draft share, tok/s, same: the draft's share of step time, generated tokens per second, and
                  whether the outputs equal those of the case's first mode with the same layers
                  (greedy speculation is lossless, so every mode must produce the same tokens; fused
@@ -95,6 +100,8 @@ MODES = ("eager loop", "graph runner, eager", "graph runner, one graph", "graph 
 TREE_MODES = ("tree host loop", "tree runner, eager", "tree runner, CUDA graph")
 GRAPH_MODES = (MODES[2], MODES[3], MODES[4], MODES[5], TREE_MODES[2])  # with --torch-layers: run with both layer kinds
 PROBE_CALLS = 6  # draft calls probed per run (after the first)
+# Modes whose engine steps are also profiled for the GPU's idle time per step (CUDA only).
+STEP_IDLE_MODES = (MODES[3], MODES[4], MODES[5])
 SLEEP_CYCLES = 10_000_000  # ~5 ms of GPU clock: longer than a draft call's host work
 
 
@@ -354,6 +361,12 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
         result["same_as_plain_with_kernel_attention"] = (
             [o.token_ids for o in plain.generate(prompts[:batch], params)] == [o.token_ids for o in outs])
         del plain
+    if draft.device.type == "cuda" and mode in STEP_IDLE_MODES:
+        # One more run under the profiler: the GPU's busy time over the same steps (greedy, so
+        # the same work); what the timed run's wall adds to it is the GPU waiting for the host.
+        busy, _ = gpu_busy_us(lambda: llm.generate(prompts[:batch], params))
+        if busy is not None and t.steps:
+            result["gpu_idle_us_per_engine_step"] = (wall * 1e6 - busy) / t.steps
     probe.reset(True)  # a third run, probed (the probe re-runs draft calls: not timed above)
     loop_probe.reset(False)  # enabled by the draft probe around its wall-clock re-runs
     llm.generate(prompts[:batch], params)
@@ -372,7 +385,7 @@ HEADER = (f"{'mode':<26} {'layers':>6} {'batch':>5} {'k':>3} {'draft ms/fwd':>12
           f"{'host us/step':>12} {'device us/step':>14} {'exposed host':>12} {'device gaps':>11} "
           f"{'loop host us/step':>17} "
           f"{'fill us/step':>12} {'launch us/step':>14} "
-          f"{'target ms/step':>14} {'step ms':>8} {'draft share':>11} "
+          f"{'target ms/step':>14} {'step ms':>8} {'gpu idle us/step':>16} {'draft share':>11} "
           f"{'tok/s':>8}  same")
 
 
@@ -384,7 +397,8 @@ def print_row(r: dict) -> None:
           f"{fmt(r.get('exposed_host_us_per_step'), 12)} "
           f"{fmt(r.get('device_gap_us_per_step'), 11)} {fmt(r.get('loop_host_us_per_step'), 17)} "
           f"{fmt(r.get('fill_us_per_step'), 12)} {fmt(r.get('launch_us_per_step'), 14)} "
-          f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
+          f"{fmt(r['target_ms_per_step'], 14, 2)} {fmt(r['step_ms'], 8, 2)} "
+          f"{fmt(r.get('gpu_idle_us_per_engine_step'), 16)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
           f"{r['same_outputs_as_first_mode']}"
           + (f" (equal to plain decoding with kernel attention: {r['same_as_plain_with_kernel_attention']})"
              if "same_as_plain_with_kernel_attention" in r else ""), flush=True)

@@ -61,7 +61,7 @@ class Engine:
         self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
         self._draft_trees: dict[int, DraftTree] = {}  # request id -> this step's draft-model tree
         # On a GPU, forwards are timed by CUDA events (no host synchronisation around them).
-        self.timer = timer or (EventTimer() if target.device.type == "cuda" else WallTimer())
+        self.timer = timer or (EventTimer(target.device) if target.device.type == "cuda" else WallTimer())
         self._step_seconds = shape_aware(self.timer.step_seconds)  # (forward seconds, StepShape)
         self.draft_graph = None  # a DraftGraphRunner for the draft loop (LLM's draft_graph)
         self.target_graph = None  # a TargetGraphRunner for verify steps (LLM's target_graph)

@@ -95,15 +95,18 @@ class EventTimer:
 
     synthetic = False
 
-    def __init__(self):
+    def __init__(self, device: Optional[torch.device] = None):
+        """``device``: the CUDA device whose current stream the forwards run on (None: the
+        current device)."""
+        self.device = device
         self._step_start = 0.0
 
     def forward(self, model: str, tokens: int, fn: Callable[[], Any], keys: Optional[int] = None,
                 ) -> tuple[Any, EventSpan]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start.record(torch.cuda.current_stream(self.device))
         result = fn()
-        end.record()
+        end.record(torch.cuda.current_stream(self.device))
         return result, EventSpan(start, end)
 
     def step_begin(self) -> None:
