@@ -22,7 +22,10 @@
 #   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
-#   6 profile (opt-in: --stages "... profile") Nsight Compute (ncu, --clock-control none) on one
+#   6 timeline (opt-in: --stages "... timeline") bench/gpu/step_timeline.py: engine steps under
+#                      torch.profiler, the GPU's idle time per step attributed to the host phase
+#                      running then, drafts read on the host vs kept on the device; into bench.log
+#   7 profile (opt-in: --stages "... profile") Nsight Compute (ncu, --clock-control none) on one
 #                      call of each sampling case of bench/gpu/profile_sampling.py (speed of
 #                      light, occupancy, warp states, pipes, memory): what bounds the sampling
 #                      passes; report in $OUT/profile.log, then the same cases timed without the
@@ -30,11 +33,11 @@
 #                      and bench/root_sampling.py --device cuda (draft-less sampled steps: verify
 #                      the root vs sample_tokens, inverse-CDF and Gumbel-max draws)
 # $OUT (else bench-results/gpu) gets 7 files: build.log, ctest.log, pytest.log, bench.log,
-# bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree stage, 9 with both
-# opt-in stages: then leave out bench, as $OUT returns at most 8 files); a short table is
-# printed last.
+# bench_kernels.json, bench_draft_loop.json, summary.txt (8 with the tree or the profile stage,
+# 9 with both: then leave out bench, as $OUT returns at most 8 files; the timeline stage writes
+# into bench.log only); a short table is printed last.
 #
-# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree profile"]
+# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree timeline profile"]
 #   --dry-run  print the plan and check the Python side imports (works without a GPU; the
 #              package from $PYTHONPATH when set, else python/ with an in-tree _core)
 #   --quick    fewer sizes / repetitions in the benchmarks
@@ -56,7 +59,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK="--quick" ;;
     --skip-build) STAGES="${STAGES/build/}" ;;
     --stages) shift; STAGES="$1" ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -85,7 +88,8 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph}.py -k 'gpu or cuda'"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer}.py -k 'gpu or cuda'"
+  echo "  timeline (opt-in): bench/gpu/step_timeline.py (engine steps under torch.profiler)"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
@@ -154,7 +158,8 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py" \
     "$ROOT/tests/python/test_gpu_statistics.py" "$ROOT/tests/python/test_target_graph.py" \
     "$ROOT/tests/python/test_layer_ops.py" "$ROOT/tests/python/test_serving_setup.py" \
-    "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py"
+    "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py" \
+    "$ROOT/tests/python/test_timer.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 
@@ -180,6 +185,15 @@ if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop
       --tree-width 4 --budget-s "$budget" --out "$OUT_DIR/tree"
   else
     note "[bench_draft_tree] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  fi
+fi
+
+if [[ " $STAGES " == *" timeline "* ]]; then  # opt-in: where engine steps leave the GPU idle
+  if [ $(( TOTAL_S - SECONDS )) -ge 60 ]; then
+    stage step_timeline bench 120 "$PYTHON" "$ROOT/bench/gpu/step_timeline.py"
+    grep -E "^ +[0-9]+ (host read|on device)" "$OUT_DIR/bench.log" | tail -4 | tee -a "$SUMMARY"
+  else
+    note "[step_timeline] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
   fi
 fi
 
