@@ -234,16 +234,29 @@ def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
     monkeypatch.undo()
     params = [SamplingParams(temperature=0.0 if i % 3 == 0 else 0.8, top_p=0.95, max_tokens=MAX_TOKENS,
                              ignore_eos=True, seed=i) for i in range(len(prompts))]
+    # Device drafts are copied to the host once per step, with the verification results.
+    real_read, copies = model_runner.DeviceDrafts.read, []
+
+    def read(self, extra=None):
+        copies.append((self, self._host is None or extra is not None))  # (kept alive: ids stay unique)
+        return real_read(self, extra)
+
+    monkeypatch.setattr(model_runner.DeviceDrafts, "read", read)
     got = {}
     for on_device in (True, False):
         llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
         llm.engine.device_drafts = on_device
         got[on_device] = [o.token_ids for o in llm.generate(prompts, params)]
     assert got[True] == got[False]
+    per_step = {}
+    for step, copied in copies:
+        per_step[id(step)] = per_step.get(id(step), 0) + copied
+    assert per_step and set(per_step.values()) == {1}
 
 
-def test_device_drafts_read_with_the_greedy_rows_in_one_copy():
-    """DeviceDrafts.read: each item's first k drafts of its column, and the extra tensor back."""
+def test_device_drafts_read_with_the_verification_results_in_one_copy():
+    """DeviceDrafts.read: each item's first k drafts of its column, and the extra tensor back
+    (what verification queued); the drafts are kept, so a later read copies nothing."""
     from types import SimpleNamespace
 
     tokens = torch.arange(12, dtype=torch.int64).view(3, 4)  # [k 3, n 4]
@@ -253,6 +266,8 @@ def test_device_drafts_read_with_the_greedy_rows_in_one_copy():
     assert chains == [[0, 4, 8], [1], [2, 6], [3, 7, 11]] == drafts.to_host()
     assert extra.tolist() == [7, -1, 5]
     assert drafts.read()[1] is None
+    tokens.fill_(-5)  # a second read without extra returns the kept chains, not a new copy
+    assert drafts.to_host() == chains
 
 
 def test_sampled_requests_with_target_graph(pair):

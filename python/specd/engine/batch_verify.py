@@ -2,13 +2,13 @@
 requests at once so that the host waits for the device as few times as possible.
 
 - Greedy requests: the argmax of every logits row and whether the row's largest logit is
-  finite, one copy; each request then follows its tree on the host
+  finite; each request then follows its tree on the host
   (:func:`specd.verification.verify_greedy_tokens`).
 - Sampled requests: verified where the logits are, in batched ops (``specd::sampling_probs``
   then ``specd::verify_stochastic``, rules in cpp/include/specd/sampling_batch.h and
   verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
-  vocab]`` row reaches the host: only the accepted tokens, paths and counts come back, in one
-  copy. Requests whose drafts came from the draft model (with their distributions) and
+  vocab]`` row reaches the host: only the accepted tokens, paths and counts come back.
+  Requests whose drafts came from the draft model (with their distributions) and
   model-free ones (one-hot drafts) are two groups, two op calls each. With
   ``KernelChoice.draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
   are a third group: one ``specd::sample_tokens`` call with the Gumbel-max draw, no
@@ -16,6 +16,11 @@ requests at once so that the host waits for the device as few times as possible.
   inverse-CDF draw gives the same token but recomputes the exponentials in each of its
   passes, and measured 0.7-0.8x the time of the probability rows plus verification on the
   CPU for rows without a cut, bench/root_sampling.py.)
+
+Every group's device work is queued first and all results come back in ONE device-to-host
+copy (with the draft model's chains when they are still on the device,
+model_runner.DeviceDrafts): the host waits for the GPU once per step, and the GPU runs the
+verify forward and the groups' kernels back to back.
 
 A request whose rows hold a NaN or +inf logit, or no finite one (or whose sampling parameters
 the ops reject) gets ``VerifyInputs.error``, a message naming it, instead of a result; the
@@ -29,7 +34,7 @@ length)): tests/python/test_ops.py checks the batched ops against those referenc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -62,21 +67,45 @@ class VerifyInputs:
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
                   draft_dists: dict[int, torch.Tensor], cluster: bool = False,
-                  gumbel: bool = False, greedy_rows: Optional[torch.Tensor] = None) -> dict[int, VerifyInputs]:
+                  gumbel: bool = False, drafts=None) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
     ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
     (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
-    draw by the Gumbel-max rule (KernelChoice.draw). ``greedy_rows``: what
-    ``queue_greedy_rows(logits)`` queued earlier, if it did (or its copy on the CPU)."""
+    draw by the Gumbel-max rule (KernelChoice.draw).
+
+    Every group's device work is queued first (the greedy rows' argmax, the sampled groups'
+    uploads and kernels), then everything is read back in ONE copy: the host waits once, and
+    the GPU runs the groups back to back. ``drafts`` (model_runner.DeviceDrafts): the draft
+    chains of some items are still on the device and their trees hold placeholder tokens;
+    the sampled group's node tokens get them on the device, and they are read in the same
+    copy (``drafts.to_host()`` then returns them without another copy)."""
     spans, row = [], 0
     for it in deciding:
         spans.append((row, row + len(trees[it.request.id])))
         row = spans[-1][1]
     out = {it.request.id: VerifyInputs() for it in deciding}
-    if any(it.request.params.greedy for it in deciding):
-        argmax, finite = _greedy_rows(logits, greedy_rows)
+    greedy = any(it.request.params.greedy for it in deciding)
+    queued: list[tuple[list, _Queued]] = []
+    greedy_rows = _queue_greedy_rows(logits) if greedy else None
+    sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
+    roots = [(it, span) for it, span in sampled if span[1] - span[0] == 1] if gumbel else []
+    if roots:
+        queued.append((roots, _queue_roots(roots, logits, cluster, gumbel)))
+        sampled = [(it, span) for it, span in sampled if span[1] - span[0] > 1]
+    for drafted in (True, False):
+        group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
+        if group:
+            queued.append((group, _queue_sampled(group, trees, logits, draft_dists if drafted else None, cluster,
+                                                 drafts if drafted else None)))
+    host = _read([q for _, q in queued] + ([_Queued(greedy_rows, None)] if greedy_rows is not None else []), drafts)
+    if greedy:
+        if greedy_rows is not None:
+            rows = host[-1]
+            argmax, finite = rows[:len(rows) // 2], rows[len(rows) // 2:].astype(bool)
+        else:
+            argmax, finite = _greedy_rows_in_place(logits)
         argmax = argmax.astype(np.int32)  # what verify_greedy_tokens reads: slices need no copy
         for it, (a, b) in zip(deciding, spans):
             if not it.request.params.greedy:
@@ -87,34 +116,43 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
                 out[it.request.id].error = (f"request {it.request.id}: verification failed: the target's logits "
                                             f"rows {[int(r) for r in np.flatnonzero(finite[a:b] == 0)]} of its "
                                             "tree hold NaN or +inf, or no finite value")
-    sampled = [(it, span) for it, span in zip(deciding, spans) if not it.request.params.greedy]
-    roots = [(it, span) for it, span in sampled if span[1] - span[0] == 1] if gumbel else []
-    if roots:
-        for (it, _), result in zip(roots, _sample_roots(roots, logits, cluster, gumbel)):
+    for (group, q), part in zip(queued, host):
+        for (it, _), result in zip(group, q.finish(part)):
             if isinstance(result, str):
                 out[it.request.id].error = result
             else:
                 out[it.request.id].result = result
-    if roots:
-        sampled = [(it, span) for it, span in sampled if span[1] - span[0] > 1]
-    for drafted in (True, False):
-        group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
-        if group:
-            results = _verify_sampled(group, trees, logits, draft_dists if drafted else None, cluster)
-            for (it, _), result in zip(group, results):
-                if isinstance(result, str):
-                    out[it.request.id].error = result
-                else:
-                    out[it.request.id].result = result
     return out
 
 
-def queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
-    """The greedy rows' reduction queued on the logits' device, not read yet: int64 ``[2 rows]``
-    (every row's argmax, then whether its value is finite), for ``verify_inputs(...,
-    greedy_rows=)``. The engine queues it before it waits for something else (its device-
-    resident drafts), so the GPU runs it right after the verify forward. None where there is
-    nothing to queue (CPU float32 rows: numpy reads them in place)."""
+@dataclass
+class _Queued:
+    """A group's results queued on the device and not read yet: ``device`` (an integer tensor)
+    and ``finish``, which turns its host copy (int64 numpy) into the group's results."""
+
+    device: torch.Tensor
+    finish: Optional[Callable[[np.ndarray], list]]
+
+
+def _read(queued: list[_Queued], drafts=None) -> list[np.ndarray]:
+    """The queued tensors' host copies (int64 numpy, in order), read in one device -> host
+    copy, with ``drafts``' tokens when given (model_runner.DeviceDrafts.read keeps them)."""
+    if not queued and drafts is None:
+        return []
+    flat = torch.cat([q.device.reshape(-1) for q in queued]) if queued else None  # (int64 each)
+    if drafts is not None:
+        _, host = drafts.read(flat)
+    else:
+        host = flat.cpu()  # the one wait
+    host = host.numpy() if host is not None else np.zeros(0, dtype=np.int64)
+    return np.split(host, np.cumsum([q.device.numel() for q in queued])[:-1]) if queued else []
+
+
+def _queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
+    """Every row's argmax and whether its value is finite, queued on the logits' device: int64
+    ``[2 rows]`` (argmaxes, then 0/1). A NaN counts as the largest value (row_argmax), so a
+    row holding one is not finite either. None for CPU float32 rows: numpy reads them in place
+    (``_greedy_rows_in_place``)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return None
     argmax = row_argmax(logits)
@@ -122,19 +160,11 @@ def queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.cat([argmax, finite.to(argmax.dtype)])
 
 
-def _greedy_rows(logits: torch.Tensor, queued: Optional[torch.Tensor] = None) -> tuple[np.ndarray, np.ndarray]:
-    """Every row's argmax (int64) and whether its value is finite, on the host. A NaN counts
-    as the largest value (row_argmax), so a row holding one is not finite either. On a GPU:
-    one copy back (of ``queued``, queue_greedy_rows' tensor, when given); CPU float32 rows are
-    read in place by numpy."""
-    if queued is None:
-        queued = queue_greedy_rows(logits)
-    if queued is None:
-        rows = logits.detach().numpy()
-        argmax = rows.argmax(-1)
-        return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
-    host = queued.cpu().numpy()  # one copy
-    return host[:len(host) // 2], host[len(host) // 2:].astype(bool)
+def _greedy_rows_in_place(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """_queue_greedy_rows' result for CPU float32 rows, read in place by numpy."""
+    rows = logits.detach().numpy()
+    argmax = rows.argmax(-1)
+    return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -169,21 +199,31 @@ def _sample_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.T
     (``gumbel``), or by its inverse-CDF draw, the one stochastic verification of a root-only
     tree makes (sampling_batch.h: the verifier's final draw, the same key; the engine uses this
     form only in bench/root_sampling.py). One copy back."""
+    q = _queue_roots(group, logits, cluster, gumbel)
+    return q.finish(_read([q])[0])
+
+
+def _queue_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Tensor, cluster: bool,
+                 gumbel: bool) -> _Queued:
+    """_sample_roots' device work, queued (see _Queued)."""
     reqs = [it.request for it, _ in group]
     params, keys = _sampling_words(reqs, np.ones(len(reqs), dtype=np.int64), logits.device)
     index = [a for _, (a, _) in group]
     rows = (logits[index[0]:index[0] + 1] if len(index) == 1
             else logits.index_select(0, _to_device(torch.tensor(index, dtype=torch.int64), logits.device)))
     tokens, status = sample_tokens(rows, params, keys, cluster, gumbel)
-    host = torch.cat([tokens, status]).cpu().numpy()  # the one sync
-    results = []
-    for i, r in enumerate(reqs):
-        if host[len(reqs) + i]:
-            results.append(f"request {r.id}: verification failed (sampling status {int(host[len(reqs) + i])}): "
-                           "non-finite logits or invalid sampling parameters")
-        else:
-            results.append(VerifyOutput(host[i:i + 1].copy(), np.zeros(1, dtype=host.dtype), 0))
-    return results
+
+    def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
+        results = []
+        for i, r in enumerate(reqs):
+            if host[len(reqs) + i]:
+                results.append(f"request {r.id}: verification failed (sampling status {int(host[len(reqs) + i])}): "
+                               "non-finite logits or invalid sampling parameters")
+            else:
+                results.append(VerifyOutput(host[i:i + 1].copy(), np.zeros(1, dtype=host.dtype), 0))
+        return results
+
+    return _Queued(torch.cat([tokens, status]).to(torch.int64), finish)
 
 
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
@@ -192,15 +232,32 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
     """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
     trees; the parameters and keys), one device-to-host copy (the results, the only wait).
     A request whose verification failed gets an error message instead of a VerifyOutput."""
+    q = _queue_sampled(group, trees, logits, draft_dists, cluster)
+    return q.finish(_read([q])[0])
+
+
+def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
+                   logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]],
+                   cluster: bool = False, drafts=None) -> _Queued:
+    """_verify_sampled's device work, queued (see _Queued). ``drafts``: device-resident chains
+    (model_runner.DeviceDrafts) whose trees hold placeholders: their tokens are put into the
+    uploaded node tokens on the device."""
     device = logits.device
     reqs = [it.request for it, _ in group]
     tree_list = [trees[r.id] for r in reqs]
     sizes = np.array([len(t) for t in tree_list], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     nodes = int(offsets[-1])
+    dest, src = _draft_positions(reqs, offsets, drafts)
     csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
-                                                     + [t.tokens for t in tree_list]).astype(np.int32)), device)
-    node_offsets, parents, tokens = csr[:len(reqs) + 1], csr[len(reqs) + 1:len(reqs) + 1 + nodes], csr[-nodes:]
+                                                     + [t.tokens for t in tree_list] + [dest, src]).astype(np.int32)),
+                     device)
+    n = len(reqs)
+    node_offsets, parents, tokens = csr[:n + 1], csr[n + 1:n + 1 + nodes], csr[n + 1 + nodes:n + 1 + 2 * nodes]
+    if len(dest):
+        at = n + 1 + 2 * nodes
+        picked = drafts.tokens.reshape(-1).index_select(0, csr[at + len(dest):].long())
+        tokens.index_copy_(0, csr[at:at + len(dest)].long(), picked.to(tokens.dtype))
 
     params, keys = _sampling_words(reqs, sizes, device)
 
@@ -211,15 +268,37 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
         draft = torch.cat([draft_dists[r.id] for r in reqs]).float()
     out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
                                                            cluster=cluster)
-    host = torch.cat([out_tokens, path, accepted, status, row_status]).cpu().numpy()  # the one sync
-    out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, len(reqs), len(reqs)]))
-    results = []
+
+    def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
+        out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, n, n]))
+        results = []
+        for i, r in enumerate(reqs):
+            a, b = int(offsets[i]), int(offsets[i + 1])
+            if row_status[a:b].any() or status[i]:
+                results.append(f"request {r.id}: verification failed (sampling status {row_status[a:b].tolist()}, "
+                               f"verify status {int(status[i])}): non-finite logits or invalid sampling parameters")
+                continue
+            k = int(accepted[i])
+            results.append(VerifyOutput(out_tokens[a:a + k + 1].copy(), path[a:a + k + 1].copy(), k))
+        return results
+
+    return _Queued(torch.cat([out_tokens, path, accepted, status, row_status]).to(torch.int64), finish)
+
+
+def _draft_positions(reqs: list, offsets: np.ndarray, drafts) -> tuple[np.ndarray, np.ndarray]:
+    """For device-resident chains (``drafts``, tokens ``[K, n]``): where each of the group's
+    draft nodes sits among the node tokens (dest) and where its token is in the row-major
+    flattened drafts (src); empty without drafts."""
+    if drafts is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    columns = {it.request.id: c for c, it in enumerate(drafts.items)}
+    n = len(drafts.items)
+    dest, src = [], []
     for i, r in enumerate(reqs):
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        if row_status[a:b].any() or status[i]:
-            results.append(f"request {r.id}: verification failed (sampling status {row_status[a:b].tolist()}, "
-                           f"verify status {int(status[i])}): non-finite logits or invalid sampling parameters")
+        c = columns.get(r.id)
+        if c is None:
             continue
-        n = int(accepted[i])
-        results.append(VerifyOutput(out_tokens[a:a + n + 1].copy(), path[a:a + n + 1].copy(), n))
-    return results
+        k = int(offsets[i + 1] - offsets[i]) - 1  # a chain: the root and its k drafts
+        dest.extend(range(int(offsets[i]) + 1, int(offsets[i]) + 1 + k))
+        src.extend(j * n + c for j in range(k))
+    return np.array(dest, dtype=np.int64), np.array(src, dtype=np.int64)

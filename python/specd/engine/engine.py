@@ -14,7 +14,7 @@ import torch
 
 from specd import _core
 from specd.engine import model_runner
-from specd.engine.batch_verify import VerifyInputs, queue_greedy_rows, verify_inputs
+from specd.engine.batch_verify import VerifyInputs, verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
@@ -146,16 +146,15 @@ class Engine:
         keys = sum(_target_keys(it, trees) for it in items) if getattr(self.timer, "synthetic", True) else None
         logits = self._timed_forward("target", tokens, lambda: model_runner.run_target(
             self.target, self.pool, items, trees, graph=self.target_graph, drafts=drafts), keys)
-        greedy_rows = None
-        if drafts is not None:  # the verify forward is queued behind the draft call: now read the drafts
-            if any(it.request.params.greedy for it in deciding):  # and the greedy rows' reduction, in one copy
-                greedy_rows = queue_greedy_rows(logits)
-            greedy_rows = self._place_drafts(drafts, trees, greedy_rows)
         finished = []
         self._emitted = 0
         target_kernels = kernels_of(self.target)
+        # Verification queues its device work behind the verify forward, then reads everything,
+        # device-resident drafts included, in one copy: the step's one wait for the GPU.
         inputs = verify_inputs(deciding, trees, logits, draft_dists, cluster=target_kernels.cluster_rows,
-                               gumbel=target_kernels.draw == "gumbel", greedy_rows=greedy_rows)
+                               gumbel=target_kernels.draw == "gumbel", drafts=drafts)
+        if drafts is not None:  # (already read with the verification results)
+            self._place_drafts(drafts, trees)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
@@ -209,14 +208,10 @@ class Engine:
         return self._forward_s["draft"], self._forward_s["target"]
 
     @staticmethod
-    def _place_drafts(drafts: model_runner.DeviceDrafts, trees: dict[int, TokenTree],
-                      extra: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
-        """The device-resident chains read to the host, into their items' trees; ``extra`` read
-        in the same copy (returned on the CPU)."""
-        chains, extra = drafts.read(extra)
-        for it, chain in zip(drafts.items, chains):
+    def _place_drafts(drafts: model_runner.DeviceDrafts, trees: dict[int, TokenTree]) -> None:
+        """The device-resident chains, read to the host, into their items' trees."""
+        for it, chain in zip(drafts.items, drafts.to_host()):
             trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], chain)
-        return extra
 
     def _probe_trees(self, batch: list[StepRequest]) -> None:
         """StepRequest.node_probs: each model-free proposer's candidate tree at a budget of

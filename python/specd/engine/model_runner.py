@@ -13,7 +13,7 @@ synchronisation (issue 7 captures it in CUDA graphs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -191,21 +191,27 @@ class DeviceDrafts:
 
     tokens: torch.Tensor
     items: list[WorkItem]
+    _host: Optional[list[list[int]]] = field(default=None, repr=False)  # read() keeps them
 
     def to_host(self) -> list[list[int]]:
-        """Each item's drafts (one device -> host read: waits for the queued work before it)."""
+        """Each item's drafts (one device -> host read, which waits for the work queued before
+        it, unless read() has already read them)."""
         return self.read()[0]
 
     def read(self, extra: Optional[torch.Tensor] = None) -> tuple[list[list[int]], Optional[torch.Tensor]]:
         """Each item's drafts and, read in the same copy, ``extra`` (an int64 tensor on the same
-        device, e.g. the verify rows' argmax queued after the verify forward) as a CPU tensor."""
+        device, e.g. the verification results queued after the verify forward) as a CPU tensor.
+        The drafts are kept: a later call without ``extra`` copies nothing."""
+        if self._host is not None and extra is None:
+            return self._host, None
         k, n = self.tokens.shape
         flat = self.tokens.T.reshape(-1)
         if extra is not None:
             flat = torch.cat([flat, extra.reshape(-1)])
         host = flat.cpu()  # the one wait
         rows = host[:k * n].view(n, k).tolist()
-        return [row[:it.k] for row, it in zip(rows, self.items)], (host[k * n:] if extra is not None else None)
+        self._host = [row[:it.k] for row, it in zip(rows, self.items)]
+        return self._host, (host[k * n:] if extra is not None else None)
 
 
 def graph_takes(graph, model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
