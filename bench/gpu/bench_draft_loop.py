@@ -122,6 +122,19 @@ def configs(smoke: bool = False):
     return target, draft
 
 
+def device_and_dtype(smoke: bool) -> Optional[tuple[str, torch.dtype]]:
+    """("cpu", float32) for a smoke run, ("cuda", bfloat16) where specd's CUDA kernels can run,
+    else None (with the reason printed)."""
+    import specd.ops as ops
+
+    if smoke:
+        return "cpu", torch.float32
+    if not torch.cuda.is_available() or not ops.HAS_CUDA_KERNELS:
+        print("needs a CUDA device and a specd build with CUDA kernels (or --smoke-cpu)", file=sys.stderr)
+        return None
+    return "cuda", torch.bfloat16
+
+
 def random_model(config, dev, dtype):
     from specd.models.llama import LlamaModel
 
@@ -467,13 +480,10 @@ def main(argv=None) -> int:
         print(f"dry run: imports ok; target {target_cfg.num_hidden_layers} layers, draft "
               f"{draft_cfg.num_hidden_layers} layers; CUDA kernels built={ops.HAS_CUDA_KERNELS}")
         return 0
-    if args.smoke_cpu:
-        dev, dtype = "cpu", torch.float32
-    elif not torch.cuda.is_available() or not ops.HAS_CUDA_KERNELS:
-        print("needs a CUDA device and a specd build with CUDA kernels (or --smoke-cpu)", file=sys.stderr)
+    placed = device_and_dtype(args.smoke_cpu)
+    if placed is None:
         return 2
-    else:
-        dev, dtype = "cuda", torch.bfloat16
+    dev, dtype = placed
     torch.manual_seed(0)
     t0 = time.perf_counter()
     target, draft = random_model(target_cfg, dev, dtype), random_model(draft_cfg, dev, dtype)

@@ -47,7 +47,7 @@ from typing import Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_draft_loop import configs, random_model  # noqa: E402
+from bench_draft_loop import configs, device_and_dtype, random_model  # noqa: E402
 
 UNLABELLED = "python (unlabelled)"
 STEP = "step"
@@ -183,16 +183,12 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke-cpu", action="store_true", help="tiny float32 models on the CPU: checks the script")
     args = ap.parse_args(argv)
     import specd
-    import specd.ops as ops
 
     batches = [int(b) for b in args.batches.split(",")]
-    if args.smoke_cpu:
-        dev, dtype = "cpu", torch.float32
-    elif not torch.cuda.is_available() or not ops.HAS_CUDA_KERNELS:
-        print("needs a CUDA device and a specd build with CUDA kernels (or --smoke-cpu)", file=sys.stderr)
+    placed = device_and_dtype(args.smoke_cpu)
+    if placed is None:
         return 2
-    else:
-        dev, dtype = "cuda", torch.bfloat16
+    dev, dtype = placed
     torch.manual_seed(0)
     target_cfg, draft_cfg = configs(args.smoke_cpu)
     target, draft = random_model(target_cfg, dev, dtype), random_model(draft_cfg, dev, dtype)
