@@ -4,9 +4,9 @@ captured as one CUDA graph per call ("one graph") and as one graph per forward (
 "CUDA graph"), and with the target's verify steps captured too (target_graph.py), through the
 whole engine: with the drafts read on the host between the draft call and the verify forward
 ("draft + target graphs") or kept on the device until the verify forward is queued ("drafts
-kept on device", Engine.device_drafts: the default with both runners; the draft-call probes
-below wrap run_draft, which this mode does not call, so its row has the engine's figures only:
-compare its step ms and tok/s with the mode before it).
+kept on device", Engine.device_drafts: the default with both runners; there the draft-call
+probes below wrap model_runner.run_draft_on_device, the draft call without the drafts' read,
+which the engine does later with the verification results).
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
                                          [--kernels FIELD=VALUE,...] [--tree-width W] [--dry-run]
@@ -197,12 +197,15 @@ class DraftProbe:
             t0 = time.perf_counter()
             if self.loop_probe is not None:
                 self.loop_probe.enabled = True
-            run()
+            ran = run() is not None  # (run_draft_on_device: None when the runner does not take the call)
             if self.loop_probe is not None:
                 self.loop_probe.enabled = False
             if self.cuda:
                 torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e6
+            if not ran:
+                self.seen += 1
+                return call(on_forward)
             gpu, kernels, device = None, None, None
             if self.cuda:
                 try:
@@ -326,7 +329,7 @@ class RunnerProbe:
 
 
 def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe,
-             loop_probe: RunnerProbe, tree_width: int = 1):
+             loop_probe: RunnerProbe, tree_width: int = 1, device_probe: Optional[DraftProbe] = None):
     import specd
     from specd.engine.draft_graph import DraftGraphRunner
 
@@ -352,6 +355,10 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
             llm.draft, llm.pool, replace(old.config, capture=False), tree_width)
     params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     probe.reset(False)
+    if device_probe is not None:
+        device_probe.reset(False)
+        if mode == MODES[5]:  # the engine's draft call is run_draft_on_device here
+            probe = device_probe
     llm.generate(prompts[:batch], params)  # warm-up (and graph capture)
     llm.engine.timings.reset()
     t0 = time.perf_counter()
@@ -501,6 +508,7 @@ def main(argv=None) -> int:
         from specd.engine.draft_tree_graph import DraftTreeGraphRunner
 
         runner_cls, calls_of = DraftTreeGraphRunner, engine_module
+        device_probe = None
         loop_probe = RunnerProbe(DraftTreeGraphRunner.run)
         probe = TreeProbe(engine_module.run_draft_tree, dev == "cuda", loop_probe)
         engine_module.run_draft_tree = probe
@@ -509,6 +517,10 @@ def main(argv=None) -> int:
         loop_probe = RunnerProbe(DraftGraphRunner.run)
         probe = DraftProbe(model_runner.run_draft, dev == "cuda", loop_probe)
         model_runner.run_draft = probe
+        # the draft call of "drafts kept on device" (run_draft calls it too: passed through
+        # while this probe is not enabled)
+        device_probe = DraftProbe(model_runner.run_draft_on_device, dev == "cuda", loop_probe)
+        model_runner.run_draft_on_device = device_probe
     loop_probe.install(runner_cls)
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
@@ -544,7 +556,7 @@ def main(argv=None) -> int:
                 same_layers = outputs.setdefault(layers, {})
                 try:
                     r, same_layers[mode] = run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens,
-                                                    probe, loop_probe, tree_width)
+                                                    probe, loop_probe, tree_width, device_probe)
                 except Exception as e:  # keep the other modes' numbers
                     failures.append(f"{mode} ({layers} layers) b={batch} k={k}: {type(e).__name__}: {e}")
                     print("FAILED", failures[-1], file=sys.stderr, flush=True)
@@ -559,6 +571,8 @@ def main(argv=None) -> int:
                 save()
     finally:
         setattr(calls_of, "run_draft_tree" if tree_width > 1 else "run_draft", probe.real)
+        if device_probe is not None:
+            model_runner.run_draft_on_device = device_probe.real
         loop_probe.uninstall(runner_cls)
     for e in probe.errors[:3]:
         print("probe:", e, file=sys.stderr)
