@@ -14,7 +14,9 @@ the host side somewhat, equally in both runs).
 
 Per run: engine steps, step µs (the "step" label's median length), GPU busy µs per step
 (union of kernel and copy intervals inside steps), GPU idle µs per step (step time minus
-busy), and the idle time per step attributed to each host phase:
+busy), and the idle time per step attributed to each host phase (the JSON also has the whole
+step's time by phase, "host_us_per_step_by_phase": where the host's time goes, overlapped
+with the GPU or not):
 
     plan            Scheduler.schedule (the C++ StepPlanner, the policy's decision)
     draft inputs    DraftGraphRunner._fill (pack + upload of the draft call's inputs)
@@ -98,10 +100,11 @@ def attribute(gaps: list[tuple[float, float]], labels: list[tuple[str, float, fl
 
 def summarize(steps: list[tuple[float, float]], gpu: list[tuple[float, float]],
               labels: list[tuple[str, float, float]]) -> dict:
-    """Per step (medians, µs): its length, the GPU's busy and idle time in it; and the idle
-    time attributed to each label, summed over the steps and divided by their number."""
+    """Per step (medians, µs): its length, the GPU's busy and idle time in it; the idle time
+    attributed to each label, and the step's whole time attributed to each label (the host's
+    time by phase, overlapped or not), each summed over the steps and divided by their number."""
     busy = merge(gpu)
-    lengths, busy_per, idle_per, by_label = [], [], [], {}
+    lengths, busy_per, idle_per, by_label, host_by_label = [], [], [], {}, {}
     for window in steps:
         gaps = idle_within(window, busy)
         idle = sum(b - a for a, b in gaps)
@@ -109,13 +112,15 @@ def summarize(steps: list[tuple[float, float]], gpu: list[tuple[float, float]],
         idle_per.append(idle)
         busy_per.append(lengths[-1] - idle)
         inner = [x for x in labels if x[0] != STEP and x[1] < window[1] and x[2] > window[0]]
-        for name, t in attribute(gaps, inner).items():
-            by_label[name] = by_label.get(name, 0.0) + t
+        for totals, spans in ((by_label, gaps), (host_by_label, [window])):
+            for name, t in attribute(spans, inner).items():
+                totals[name] = totals.get(name, 0.0) + t
     n = max(1, len(steps))
     med = lambda xs: round(statistics.median(xs), 1) if xs else None  # noqa: E731
+    per_step = lambda totals: {k: round(v / n, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1])}  # noqa: E731
     return {"steps": len(steps), "step_us": med(lengths), "gpu_busy_us_per_step": med(busy_per),
-            "gpu_idle_us_per_step": med(idle_per),
-            "idle_us_per_step_by_phase": {k: round(v / n, 1) for k, v in sorted(by_label.items(), key=lambda kv: -kv[1])}}
+            "gpu_idle_us_per_step": med(idle_per), "idle_us_per_step_by_phase": per_step(by_label),
+            "host_us_per_step_by_phase": per_step(host_by_label)}
 
 
 def _labelled(fn, label: str):

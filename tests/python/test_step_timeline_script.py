@@ -28,6 +28,9 @@ def test_idle_time_goes_to_the_innermost_label(script):
     # 50-65 accept, 65-70 and 90-95 and 99-100 unlabelled, 95-99 settle
     assert out["idle_us_per_step_by_phase"] == {"accept": 20.0, "propose": 12.0, script.UNLABELLED: 11.0,
                                                 "settle": 4.0, "graph launch": 3.0}
+    # the whole step by phase: propose 0-5, 8-45 (42), launch 3, accept 45-65, then unlabelled 65-95 and 99-100
+    assert out["host_us_per_step_by_phase"] == {"propose": 42.0, script.UNLABELLED: 31.0, "accept": 20.0,
+                                                "settle": 4.0, "graph launch": 3.0}
 
 
 def test_step_timeline_runs_on_the_cpu(script, tmp_path, capsys):
