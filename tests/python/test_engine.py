@@ -529,14 +529,16 @@ def poison_target_rows(monkeypatch, victim_id, from_call, value=float("nan")):
     monkeypatch.setattr(model_runner, "run_target", poisoned)
 
 
-@pytest.mark.parametrize("method", ["draft", "ngram"])
+@pytest.mark.parametrize("method", ["draft", "ngram", "draft-runners"])
 @pytest.mark.parametrize("sampled", [False, True])
 def test_a_failed_verification_ends_only_its_request(models, monkeypatch, method, sampled):
     """Non-finite logits in one request's rows end that request alone, with finish_reason
     "error" and a message naming it; the others' outputs are those of a run without the
-    fault, and every KV page comes back."""
+    fault, and every KV page comes back. "draft-runners": both graph runners, so the drafts
+    stay on the device until verification reads them (Engine.device_drafts)."""
     _, target, draft, prompts, baseline = models
-    llm = make_llm(target, draft, method, 3)
+    runners = dict(draft_graph=True, target_graph=True) if method == "draft-runners" else {}
+    llm = make_llm(target, draft, method.split("-")[0], 3, **runners)
     if sampled:
         params = [specd.SamplingParams(temperature=0.9, top_k=30, max_tokens=MAX_TOKENS, ignore_eos=True, seed=50 + i)
                   for i in range(len(prompts))]
