@@ -66,8 +66,10 @@ Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, 
     detail::RowPlan plan;
     for (int32_t r = 0; r < logits.rows; ++r) {
       const Row row = Row::at(logits.data, r * logits.stride);
+      // Greedy rows as the kernels take them (their own pass; the same token and status).
       status[r] = static_cast<int32_t>(
-          draw == DrawRule::kGumbelMax
+          params[r].temperature == 0 ? detail::greedy_token_row(block, row, logits.vocab, params[r], &tokens[r])
+          : draw == DrawRule::kGumbelMax
               ? detail::gumbel_token_row(block, row, logits.vocab, params[r], rng[r], bounds, &tokens[r], plan)
               : detail::sample_token_row(block, row, logits.vocab, params[r], rng[r], &tokens[r], plan));
     }

@@ -25,6 +25,9 @@ constexpr int kClusterThreads = 256;
 constexpr int kSampleClusterMinBlocks = 4;
 constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
+// The greedy rows' kernels (greedy_token_row): no candidate cache, no plan.
+using GreedyBlock = detail::DeviceBlock<kThreads>;
+using GreedyClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks>;
 
 // Where a row function keeps its RowPlan (sample_row.h): in shared memory for the clustered
 // kernels (in registers it spilled there), else `local` (registers).
@@ -44,6 +47,7 @@ __device__ void fill_bounds(float* bounds) {
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
 // kGumbel: DrawRule::kGumbelMax (each block first fills its copy of the screen table).
+// Greedy rows (temperature 0) are left to greedy_row, which sample_tokens launches too.
 template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
@@ -51,6 +55,7 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   specd::detail::RowPlan local_plan;
   specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
+  if (row_params.temperature == 0) return;  // uniform: the whole block (cluster) leaves
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
@@ -61,6 +66,22 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   } else {
     s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
   }
+  if (block.rank() == 0) {
+    tokens[r] = token;
+    status[r] = static_cast<int32_t>(s);
+  }
+}
+
+// sample_tokens' greedy rows (temperature 0; other rows are left to sample_tokens_row):
+// greedy_token_row, one pass of grouped loads.
+template <class Row, class B>
+__device__ void greedy_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
+                           int32_t* tokens, int32_t* status) {
+  const SamplingParams row_params = params[r];
+  if (row_params.temperature != 0) return;  // uniform: the whole block (cluster) leaves
+  int32_t token = -1;
+  const SampleStatus s = specd::detail::greedy_token_row(block, Row::at(logits.data, r * logits.stride),
+                                                         logits.vocab, row_params, &token);
   if (block.rank() == 0) {
     tokens[r] = token;
     status[r] = static_cast<int32_t>(s);
@@ -106,6 +127,14 @@ __global__ void __launch_bounds__(kThreads)
                                          status);
 }
 
+template <class Row>
+__global__ void __launch_bounds__(kThreads) greedy_tokens_kernel(LogitRows logits, const SamplingParams* params,
+                                                                 int32_t* tokens, int32_t* status) {
+  __shared__ GreedyBlock::Shared shared;
+  GreedyBlock block(&shared);
+  greedy_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, tokens, status);
+}
+
 template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     sampling_probs_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
@@ -128,6 +157,17 @@ __global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
   ClusterBlk block(&shared);
   sample_tokens_row<Row, true, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits,
                                         params, rng, tokens, status);
+  block.finish();
+#endif
+}
+
+template <class Row>
+__global__ void __launch_bounds__(kClusterThreads)
+    greedy_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, int32_t* tokens, int32_t* status) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ GreedyClusterBlk::Shared shared;
+  GreedyClusterBlk block(&shared);
+  greedy_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, tokens, status);
   block.finish();
 #endif
 }
@@ -158,6 +198,11 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
+    // Greedy rows first, in their own kernel (the general kernels skip them), then the rest.
+    const cudaError_t greedy = detail::launch_rows(split, greedy_tokens_kernel<Row>, kThreads,
+                                                   greedy_tokens_cluster_kernel<Row>, kClusterThreads, logits.rows,
+                                                   stream, logits, params, tokens, status);
+    if (greedy != cudaSuccess) return greedy;
     if (draw == DrawRule::kGumbelMax)
       return detail::launch_rows(split, sample_tokens_kernel<Row, true>, kThreads,
                                  sample_tokens_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,

@@ -281,6 +281,52 @@ TEST(SamplingBatchCpu, HalfAndBFloat16RowsMatchTheirFloatValues) {
   }
 }
 
+// greedy_token_row (the greedy rows' own kernel, grouped loads) gives sample_token_row's
+// token and status on greedy rows: ties, -inf, all -inf, NaN and +inf anywhere (the last
+// group included), invalid parameters; with one thread and with 2, 3 and 8 per row.
+TEST(SamplingBatchThreaded, GreedyRowsOwnPassMatchesTheGeneralRow) {
+  std::mt19937_64 g(47);
+  for (int32_t vocab : {1, 7, 8, 9, 64, 1001}) {
+    SamplingCase c = random_sampling_case(&g, 40, vocab);
+    for (int32_t r = 0; r < c.rows; ++r) {
+      float* row = c.logits.data() + r * c.stride;
+      const int32_t at = static_cast<int32_t>(g() % static_cast<uint64_t>(vocab));
+      switch (r % 8) {
+        case 0: row[at] = NAN; break;
+        case 1: row[vocab - 1] = INFINITY; break;
+        case 2: for (int32_t i = 0; i < vocab; ++i) row[i] = -INFINITY; break;
+        case 3: row[at] = 1e30f; row[vocab - 1] = 1e30f; break;  // a tie at the top: the lower id
+        default: break;
+      }
+      SamplingParams& p = c.params[static_cast<std::size_t>(r)];
+      p.temperature = 0.0;
+      if (r % 11 == 5) p.top_p = 1.5;  // invalid: kBadParams
+    }
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto row = detail::Float32Row::at(c.logits.data(), r * c.stride);
+      detail::SerialBlock serial;
+      int32_t want = -9, got = -9;
+      const SampleStatus want_status = detail::sample_token_row(serial, row, vocab, c.params[ur], c.keys[ur], &want);
+      EXPECT_EQ(detail::greedy_token_row(serial, row, vocab, c.params[ur], &got), want_status) << vocab << ", " << r;
+      EXPECT_EQ(got, want) << "vocab " << vocab << ", row " << r;
+      for (int32_t threads : {2, 3, 8}) {
+        int32_t token = -9, status = -9;
+        run_threaded(threads, [&](ThreadedBlock& b) {
+          int32_t t = -1;
+          const SampleStatus st = detail::greedy_token_row(b, row, vocab, c.params[ur], &t);
+          if (b.rank() == 0) {
+            token = t;
+            status = static_cast<int32_t>(st);
+          }
+        });
+        EXPECT_EQ(status, static_cast<int32_t>(want_status)) << threads << " threads, vocab " << vocab << ", row " << r;
+        EXPECT_EQ(token, want) << threads << " threads, vocab " << vocab << ", row " << r;
+      }
+    }
+  }
+}
+
 // The row algorithm with several threads per row (tiled and strided loops, cross-thread
 // scans, concurrent histograms) gives the one-thread results: the same tokens and statuses,
 // probabilities within one float ulp (the sums run in another order).

@@ -4,7 +4,7 @@
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
 // (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
 // runs with one block per row and with a cluster of blocks per row (RowSplit); the
-// Gumbel-max draw's tokens equal the CPU's exactly. Skips, saying why, without a CUDA device.
+// Gumbel-max draw's tokens equal the CPU's exactly, and so do greedy rows' (their own kernel). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -197,17 +197,16 @@ TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
   }
 }
 
-// DrawRule::kGumbelMax: the kernels' tokens and statuses equal sample_tokens_cpu's exactly
-// (an argmax: no sum whose order differs), for both splits, fp32/bf16, odd vocabularies (a
-// last partial group), unaligned rows (stride not a multiple of 8: scalar loads) and
-// 151,936-token rows.
+// sample_tokens' tokens and statuses equal sample_tokens_cpu's exactly with `draw`, for both
+// splits. DrawRule::kGumbelMax: an argmax, no sum whose order differs; greedy rows (either
+// rule): their own kernel's argmax. Used for fp32/bf16, odd vocabularies (a last partial
+// group), unaligned rows (stride not a multiple of 8: scalar loads) and 151,936-token rows.
 template <class T>
-void expect_gumbel_matches_cpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c,
-                               const std::string& what) {
+void expect_tokens_match_cpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c,
+                             const std::string& what, DrawRule draw = DrawRule::kGumbelMax) {
   std::vector<int32_t> cpu_tokens(static_cast<std::size_t>(c.rows)), cpu_status(cpu_tokens.size());
   rows.data = host_logits.data();
-  ASSERT_TRUE(sample_tokens_cpu(rows, c.params.data(), c.keys.data(), cpu_tokens.data(), cpu_status.data(),
-                                DrawRule::kGumbelMax)
+  ASSERT_TRUE(sample_tokens_cpu(rows, c.params.data(), c.keys.data(), cpu_tokens.data(), cpu_status.data(), draw)
                   .ok());
   DeviceBuffer<T> logits(host_logits);
   DeviceBuffer<SamplingParams> params(c.params);
@@ -218,7 +217,7 @@ void expect_gumbel_matches_cpu(const std::vector<T>& host_logits, LogitRows rows
     ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && status.get());
     rows.data = logits.get();
     SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), status.get(), nullptr, split,
-                                      DrawRule::kGumbelMax));
+                                      draw));
     SPECD_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(status.to_host(), cpu_status) << what << ", " << split_name(split);
     EXPECT_EQ(tokens.to_host(), cpu_tokens) << what << ", " << split_name(split);
@@ -282,27 +281,58 @@ TEST(SamplingCuda, GumbelDrawEqualsCpuExactly) {
   std::mt19937_64 g(25);
   for (int32_t vocab : {1, 7, 8, 9, 33, 513, 5000, 151936}) {
     const SamplingCase c = random_sampling_case(&g, vocab >= 5000 ? 24 : 200, vocab);
-    expect_gumbel_matches_cpu(c.logits, c.view(), c, "fp32, vocab " + std::to_string(vocab));
+    expect_tokens_match_cpu(c.logits, c.view(), c, "fp32, vocab " + std::to_string(vocab));
     if (HasFatalFailure()) return;
     std::vector<uint16_t> words(c.logits.size());
     for (std::size_t i = 0; i < words.size(); ++i) {
       words[i] = static_cast<uint16_t>(0x3800 + g() % 0x900) | static_cast<uint16_t>(g() % 2 << 15);
       if (g() % 13 == 0) words[i] = 0xFF80;  // -inf
     }
-    expect_gumbel_matches_cpu(words, LogitRows{nullptr, LogitsDtype::kBFloat16, c.rows, c.vocab, c.stride}, c,
+    expect_tokens_match_cpu(words, LogitRows{nullptr, LogitsDtype::kBFloat16, c.rows, c.vocab, c.stride}, c,
                               "bf16, vocab " + std::to_string(vocab));
     if (HasFatalFailure()) return;
   }
   // Rows without a cut (the one-pass path), 64 x 151,936 at temperatures from 0.05 to 2.
   SamplingCase wide = random_sampling_case(&g, 64, 151936);
   for (std::size_t r = 0; r < wide.params.size(); ++r) wide.params[r] = SamplingParams{0.05 + 0.03 * r, 0, 1.0, 0.0};
-  expect_gumbel_matches_cpu(wide.logits, wide.view(), wide, "64 rows without a cut");
+  expect_tokens_match_cpu(wide.logits, wide.view(), wide, "64 rows without a cut");
 }
 
 TEST(SamplingCuda, GumbelBadRowsGetStatuses) {
   SPECD_SKIP_WITHOUT_GPU();
   const SamplingCase c = bad_rows_case();
-  expect_gumbel_matches_cpu(c.logits, c.view(), c, "bad rows");
+  expect_tokens_match_cpu(c.logits, c.view(), c, "bad rows");
+}
+
+// Greedy rows take a kernel of their own (greedy_token_row) and the general kernels skip
+// them: all-greedy batches and batches where greedy and sampled rows alternate, bad greedy
+// rows (NaN, +inf, no finite logit, bad parameters), bf16 and fp32, 64 x 151,936, both
+// splits and both draws: the CPU's tokens and statuses.
+TEST(SamplingCuda, GreedyRowsOwnKernelEqualsCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  std::mt19937_64 g(27);
+  SamplingCase bad = bad_rows_case();
+  for (SamplingParams& p : bad.params) p.temperature = 0.0;
+  bad.params[3].top_p = 2.0;  // greedy with invalid parameters
+  for (DrawRule draw : {DrawRule::kInverseCdf, DrawRule::kGumbelMax}) {
+    const std::string rule = draw == DrawRule::kGumbelMax ? "Gumbel-max" : "inverse CDF";
+    expect_tokens_match_cpu(bad.logits, bad.view(), bad, "bad greedy rows, " + rule, draw);
+    if (HasFatalFailure()) return;
+    for (bool alternate : {false, true}) {
+      SamplingCase c = random_sampling_case(&g, 64, 151936);
+      for (std::size_t r = 0; r < c.params.size(); ++r)
+        if (!alternate || r % 2 == 0) c.params[r].temperature = 0.0;
+      const std::string what = std::string(alternate ? "alternating rows" : "all greedy") + ", " + rule;
+      expect_tokens_match_cpu(c.logits, c.view(), c, "fp32, " + what, draw);
+      if (HasFatalFailure()) return;
+      std::vector<uint16_t> words(c.logits.size());
+      for (std::size_t i = 0; i < words.size(); ++i)
+        words[i] = static_cast<uint16_t>(0x3800 + g() % 0x900) | static_cast<uint16_t>(g() % 2 << 15);
+      expect_tokens_match_cpu(words, LogitRows{nullptr, LogitsDtype::kBFloat16, c.rows, c.vocab, c.stride}, c,
+                              "bf16, " + what, draw);
+      if (HasFatalFailure()) return;
+    }
+  }
 }
 
 // On an sm_90+ GPU the clustered kernels really run (not the one-block fallback).

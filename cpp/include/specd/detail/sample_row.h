@@ -7,6 +7,9 @@
 //              the min-p floor, each with its renormalizing total, into a RowPlan;
 //   row_prob   the final probability of token i from its logit and the plan (recomputed
 //              where needed instead of stored: no workspace);
+//   greedy_token_row  sample_token_row's token and status for a greedy row (temperature 0),
+//              in one pass of grouped vector loads: the CUDA launcher runs it in a lean
+//              kernel of its own, and the general kernels skip greedy rows;
 //   sample_token_row  rounds the probabilities to float as sampling_probs' output does, then
 //              draws as sample_token does (normalize in double, final draw at rng.position);
 //   probs_row  writes the float probability row, and optionally draws sample_token_row's
@@ -240,6 +243,28 @@ SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, co
   const double u = philox_uniform(rng.seed, rng.request, rng.step, rng.position, kFinalDraw);
   const auto normalized = [&](int32_t i) { return exact_mul(float_prob(i, load(i)), inv_float_total); };
   *token = draw_inverse_cdf<kDrawRun>(b, vocab, normalized, u * total);
+  return SampleStatus::kOk;
+}
+
+// sample_token_row's token and status for a row with params.temperature == 0: the
+// parameters' status, then the row's (a NaN or +inf logit: kBadLogit; no finite logit:
+// kNoFiniteLogit), else the lowest id among the largest logits; token -1 with a bad status.
+// One pass of grouped loads (for_each_group: 16-byte loads on the device, several groups in
+// flight); an argmax with its id tie-break does not depend on the order, so the result is
+// plan_row's exactly. It needs no RowPlan and no sums, so its kernel stays small (sampling.cu).
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus greedy_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                                int32_t* token) {
+  *token = -1;
+  if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
+  ArgMax best = empty_argmax();
+  for_each_group(b, vocab, load, [&](int32_t i, float l) {
+    best = is_bad_logit(l) ? bad_argmax() : better(best, ArgMax{l, i});
+  });
+  best = b.argmax(best);
+  if (best.index < 0) return SampleStatus::kBadLogit;
+  if (!(best.value > -INFINITY)) return SampleStatus::kNoFiniteLogit;
+  *token = best.index;
   return SampleStatus::kOk;
 }
 

@@ -22,7 +22,9 @@
 // their last bit (e.g. exact ties whose top-p mass meets top_p exactly after a top-k
 // renormalization); a probability may differ by one float ulp.
 //
-// Cost per row: one pass over the logits for greedy rows; for sampled rows about 5 passes,
+// Cost per row: one pass over the logits for greedy rows (sample_tokens launches a lean kernel
+// of its own for them, grouped 16-byte loads, before the general kernel, which skips them: two
+// launches per call); for sampled rows about 5 passes,
 // plus 9 per top-k/top-p selection (radix selection, no sort) and 2 for min-p. Each pass
 // recomputes exp() instead of storing a [rows, vocab] double workspace.
 #pragma once
