@@ -100,7 +100,24 @@ TEST(GumbelPieces, ScreenBoundsTheKey) {
   }
 }
 
-// The rule without the screen: every kept token's key, the largest (lowest id on ties).
+// The rule without the screen: the token of largest key(i, g_i) among the ids key admits
+// (-inf: left out), g_i each token's full noise; the lowest id on ties.
+template <class Key>
+int32_t unscreened_argmax(int32_t n, const RngKey& k, const Key& key) {
+  double best = -INFINITY;
+  int32_t id = -1;
+  for (int32_t i = 0; i < n; ++i) {
+    const uint32_t high = detail::philox_half(detail::gumbel_high_bits(k, i / 8), i % 8);
+    const double value = key(i, detail::gumbel_from_bits(detail::gumbel_bits(k, i, high)));
+    if (value > best) {
+      best = value;
+      id = i;
+    }
+  }
+  return id;
+}
+
+// sample_tokens' rule without the screen: every kept token's key, the largest.
 int32_t unscreened_gumbel(const float* row, int32_t vocab, const SamplingParams& p, const RngKey& k) {
   detail::SerialBlock b;
   detail::RowPlan plan;
@@ -110,19 +127,11 @@ int32_t unscreened_gumbel(const float* row, int32_t vocab, const SamplingParams&
     if (plan.greedy) return plan.argmax;
   }
   const detail::GumbelScale scale = detail::gumbel_scale(p.temperature);
-  double best = -INFINITY;
-  int32_t id = -1;
-  for (int32_t i = 0; i < vocab; ++i) {
-    if (!(row[i] > -INFINITY)) continue;
-    if (detail::has_filters(p) && !(detail::row_prob(plan, i, row[i]) > 0)) continue;
-    const uint32_t high = detail::philox_half(detail::gumbel_high_bits(k, i / 8), i % 8);
-    const double key = detail::gumbel_key(scale, row[i], detail::gumbel_from_bits(detail::gumbel_bits(k, i, high)));
-    if (key > best) {
-      best = key;
-      id = i;
-    }
-  }
-  return id;
+  return unscreened_argmax(vocab, k, [&](int32_t i, double g) -> double {
+    if (!(row[i] > -INFINITY)) return -INFINITY;
+    if (detail::has_filters(p) && !(detail::row_prob(plan, i, row[i]) > 0)) return -INFINITY;
+    return detail::gumbel_key(scale, row[i], g);
+  });
 }
 
 TEST(GumbelRows, MatchTheUnscreenedRuleOnRandomRows) {
@@ -309,20 +318,10 @@ TEST(GumbelRows, FlatWideRowsDrawUniformly) {
 // and the token of largest deterministic_log(q) + g among the written q > 0, computed here
 // without a screen.
 int32_t unscreened_probs_gumbel(const std::vector<float>& q, const RngKey& k) {
-  double best = -INFINITY;
-  int32_t id = -1;
-  for (std::size_t i = 0; i < q.size(); ++i) {
-    if (!(q[i] > 0)) continue;
-    const auto ii = static_cast<int32_t>(i);
-    const uint32_t high = detail::philox_half(detail::gumbel_high_bits(k, ii / 8), ii % 8);
-    const double key = detail::deterministic_log(static_cast<double>(q[i])) +
-                       detail::gumbel_from_bits(detail::gumbel_bits(k, ii, high));
-    if (key > best) {
-      best = key;
-      id = ii;
-    }
-  }
-  return id;
+  return unscreened_argmax(static_cast<int32_t>(q.size()), k, [&](int32_t i, double g) -> double {
+    const float qi = q[static_cast<std::size_t>(i)];
+    return qi > 0 ? detail::deterministic_log(static_cast<double>(qi)) + g : -INFINITY;
+  });
 }
 
 TEST(GumbelProbsRows, SameRowsAndTheUnscreenedToken) {
