@@ -66,12 +66,19 @@ Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, 
     detail::RowPlan plan;
     for (int32_t r = 0; r < logits.rows; ++r) {
       const Row row = Row::at(logits.data, r * logits.stride);
-      // Greedy rows as the kernels take them (their own pass; the same token and status).
-      status[r] = static_cast<int32_t>(
-          params[r].temperature == 0 ? detail::greedy_token_row(block, row, logits.vocab, params[r], &tokens[r])
-          : draw == DrawRule::kGumbelMax
-              ? detail::gumbel_token_row(block, row, logits.vocab, params[r], rng[r], bounds, &tokens[r], plan)
-              : detail::sample_token_row(block, row, logits.vocab, params[r], rng[r], &tokens[r], plan));
+      // Rows as the kernels take them: the one-pass rows (greedy; under kGumbelMax, no cut)
+      // by their own row code, the rest by the general one (the same tokens and statuses).
+      const SamplingParams& p = params[r];
+      SampleStatus s;
+      if (p.temperature == 0)
+        s = detail::greedy_token_row(block, row, logits.vocab, p, &tokens[r]);
+      else if (draw == DrawRule::kGumbelMax && detail::takes_one_pass(p, draw))
+        s = detail::gumbel_uncut_row(block, row, logits.vocab, p, rng[r], bounds, &tokens[r]);
+      else if (draw == DrawRule::kGumbelMax)
+        s = detail::gumbel_cut_row(block, row, logits.vocab, p, rng[r], bounds, &tokens[r], plan);
+      else
+        s = detail::sample_token_row(block, row, logits.vocab, p, rng[r], &tokens[r], plan);
+      status[r] = static_cast<int32_t>(s);
     }
   });
   return Status::Ok();

@@ -25,9 +25,10 @@ constexpr int kClusterThreads = 256;
 constexpr int kSampleClusterMinBlocks = 4;
 constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
-// The greedy rows' kernels (greedy_token_row): no candidate cache, no plan.
-using GreedyBlock = detail::DeviceBlock<kThreads>;
-using GreedyClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks>;
+// The one-pass rows' kernels (takes_one_pass: greedy_token_row, gumbel_uncut_row): no
+// candidate cache, no plan.
+using OnePassBlock = detail::DeviceBlock<kThreads>;
+using OnePassClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks>;
 
 // Where a row function keeps its RowPlan (sample_row.h): in shared memory for the clustered
 // kernels (in registers it spilled there), else `local` (registers).
@@ -47,7 +48,8 @@ __device__ void fill_bounds(float* bounds) {
 
 // The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
 // kGumbel: DrawRule::kGumbelMax (each block first fills its copy of the screen table).
-// Greedy rows (temperature 0) are left to greedy_row, which sample_tokens launches too.
+// Rows that take one pass (takes_one_pass: greedy rows; under kGumbel, rows without a cut)
+// are left to one_pass_row, which sample_tokens launches first.
 template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
@@ -55,14 +57,15 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   specd::detail::RowPlan local_plan;
   specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
-  if (row_params.temperature == 0) return;  // uniform: the whole block (cluster) leaves
+  // uniform: the whole block (cluster) leaves
+  if (specd::detail::takes_one_pass(row_params, kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf)) return;
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
   SampleStatus s;
   if constexpr (kGumbel) {
     fill_bounds(bounds);
-    s = specd::detail::gumbel_token_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
+    s = specd::detail::gumbel_cut_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
   } else {
     s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
   }
@@ -72,16 +75,27 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   }
 }
 
-// sample_tokens' greedy rows (temperature 0; other rows are left to sample_tokens_row):
-// greedy_token_row, one pass of grouped loads.
-template <class Row, class B>
-__device__ void greedy_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
-                           int32_t* tokens, int32_t* status) {
+// sample_tokens' one-pass rows (takes_one_pass; other rows are left to sample_tokens_row):
+// greedy_token_row (temperature 0), and under kGumbel gumbel_uncut_row (no cut; the block
+// fills its copy of the screen table first). One pass of grouped loads each.
+template <class Row, bool kGumbel, class B>
+__device__ void one_pass_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
+                             const RngKey* rng, int32_t* tokens, int32_t* status) {
+  __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   const SamplingParams row_params = params[r];
-  if (row_params.temperature != 0) return;  // uniform: the whole block (cluster) leaves
+  // uniform: the whole block (cluster) leaves
+  if (!specd::detail::takes_one_pass(row_params, kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf)) return;
   int32_t token = -1;
-  const SampleStatus s = specd::detail::greedy_token_row(block, Row::at(logits.data, r * logits.stride),
-                                                         logits.vocab, row_params, &token);
+  const Row row = Row::at(logits.data, r * logits.stride);
+  SampleStatus s;
+  if (row_params.temperature == 0) {
+    s = specd::detail::greedy_token_row(block, row, logits.vocab, row_params, &token);
+  } else if constexpr (kGumbel) {
+    fill_bounds(bounds);
+    s = specd::detail::gumbel_uncut_row(block, row, logits.vocab, row_params, rng[r], bounds, &token);
+  } else {
+    return;  // unreachable: takes_one_pass holds only for greedy rows without kGumbel
+  }
   if (block.rank() == 0) {
     tokens[r] = token;
     status[r] = static_cast<int32_t>(s);
@@ -127,12 +141,13 @@ __global__ void __launch_bounds__(kThreads)
                                          status);
 }
 
-template <class Row>
-__global__ void __launch_bounds__(kThreads) greedy_tokens_kernel(LogitRows logits, const SamplingParams* params,
-                                                                 int32_t* tokens, int32_t* status) {
-  __shared__ GreedyBlock::Shared shared;
-  GreedyBlock block(&shared);
-  greedy_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, tokens, status);
+template <class Row, bool kGumbel>
+__global__ void __launch_bounds__(kThreads)
+    one_pass_tokens_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
+                           int32_t* status) {
+  __shared__ OnePassBlock::Shared shared;
+  OnePassBlock block(&shared);
+  one_pass_row<Row, kGumbel>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
 }
 
 template <class Row, bool kGumbel>
@@ -161,13 +176,15 @@ __global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
 #endif
 }
 
-template <class Row>
+template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kClusterThreads)
-    greedy_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, int32_t* tokens, int32_t* status) {
+    one_pass_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng,
+                                   int32_t* tokens, int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ GreedyClusterBlk::Shared shared;
-  GreedyClusterBlk block(&shared);
-  greedy_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, tokens, status);
+  __shared__ OnePassClusterBlk::Shared shared;
+  OnePassClusterBlk block(&shared);
+  one_pass_row<Row, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
+                             tokens, status);
   block.finish();
 #endif
 }
@@ -198,15 +215,20 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
-    // Greedy rows first, in their own kernel (the general kernels skip them), then the rest.
-    const cudaError_t greedy = detail::launch_rows(split, greedy_tokens_kernel<Row>, kThreads,
-                                                   greedy_tokens_cluster_kernel<Row>, kClusterThreads, logits.rows,
-                                                   stream, logits, params, tokens, status);
-    if (greedy != cudaSuccess) return greedy;
-    if (draw == DrawRule::kGumbelMax)
+    // The one-pass rows first, in their own kernel (the general kernels skip them), then the rest.
+    if (draw == DrawRule::kGumbelMax) {
+      const cudaError_t one_pass = detail::launch_rows(split, one_pass_tokens_kernel<Row, true>, kThreads,
+                                                       one_pass_tokens_cluster_kernel<Row, true>, kClusterThreads,
+                                                       logits.rows, stream, logits, params, rng, tokens, status);
+      if (one_pass != cudaSuccess) return one_pass;
       return detail::launch_rows(split, sample_tokens_kernel<Row, true>, kThreads,
                                  sample_tokens_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,
                                  logits, params, rng, tokens, status);
+    }
+    const cudaError_t one_pass = detail::launch_rows(split, one_pass_tokens_kernel<Row, false>, kThreads,
+                                                     one_pass_tokens_cluster_kernel<Row, false>, kClusterThreads,
+                                                     logits.rows, stream, logits, params, rng, tokens, status);
+    if (one_pass != cudaSuccess) return one_pass;
     return detail::launch_rows(split, sample_tokens_kernel<Row, false>, kThreads,
                                sample_tokens_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
                                params, rng, tokens, status);

@@ -194,6 +194,73 @@ TEST(GumbelRows, SeveralThreadsPerRowMatchOneThread) {
   }
 }
 
+// gumbel_uncut_row (the lean one-pass kernel's row code: validation in the pass, no plan)
+// gives the planned path's token and status (gumbel_cut_row: plan_row validates, then the
+// pass with the plan's keep test) on every row takes_one_pass sends it, and the unscreened
+// rule's token: no cut, temperatures below and above 1, NaN, +inf, some -inf and all -inf
+// rows, invalid parameters; with one thread and with 2, 3 and 8 per row.
+TEST(GumbelRows, UncutRowOwnPassMatchesTheGeneralRow) {
+  std::mt19937_64 g(8);
+  const std::vector<float> table = bounds_table();
+  for (int32_t vocab : {1, 7, 8, 9, 64, 1001}) {
+    SamplingCase c = random_sampling_case(&g, 40, vocab);
+    for (int32_t r = 0; r < c.rows; ++r) {
+      float* row = c.logits.data() + r * c.stride;
+      const int32_t at = static_cast<int32_t>(g() % static_cast<uint64_t>(vocab));
+      switch (r % 8) {
+        case 0: row[at] = NAN; break;
+        case 1: row[vocab - 1] = INFINITY; break;
+        case 2: for (int32_t i = 0; i < vocab; ++i) row[i] = -INFINITY; break;
+        case 3: row[at] = -INFINITY; break;
+        default: break;
+      }
+      SamplingParams& p = c.params[static_cast<std::size_t>(r)];
+      p = SamplingParams{r % 2 == 0 ? 0.05 + 0.04 * r : 1.0 + 0.3 * r, 0, 1.0, 0.0};
+      if (r % 11 == 5) p.temperature = -0.5;  // invalid: kBadParams
+      if (r % 13 == 6) p.temperature = NAN;
+      ASSERT_TRUE(detail::takes_one_pass(p, DrawRule::kGumbelMax));
+      ASSERT_EQ(detail::takes_one_pass(p, DrawRule::kInverseCdf), p.temperature == 0);
+    }
+    for (int32_t r = 0; r < c.rows; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto row = detail::Float32Row::at(c.logits.data(), r * c.stride);
+      detail::SerialBlock serial;
+      detail::RowPlan plan;
+      int32_t want = -9, got = -9;
+      const SampleStatus want_status =
+          detail::gumbel_cut_row(serial, row, vocab, c.params[ur], c.keys[ur], table.data(), &want, plan);
+      EXPECT_EQ(detail::gumbel_uncut_row(serial, row, vocab, c.params[ur], c.keys[ur], table.data(), &got),
+                want_status) << vocab << ", " << r;
+      EXPECT_EQ(got, want) << "vocab " << vocab << ", row " << r;
+      if (want_status == SampleStatus::kOk)
+        EXPECT_EQ(got, unscreened_gumbel(c.logits.data() + r * c.stride, vocab, c.params[ur], c.keys[ur]))
+            << "vocab " << vocab << ", row " << r;
+      int32_t dispatched = -9;  // gumbel_token_row sends the row to the uncut pass
+      EXPECT_EQ(detail::gumbel_token_row(serial, row, vocab, c.params[ur], c.keys[ur], table.data(), &dispatched, plan),
+                want_status);
+      EXPECT_EQ(dispatched, want);
+      for (int32_t threads : {2, 3, 8}) {
+        int32_t token = -9, status = -9;
+        run_threaded(threads, [&](ThreadedBlock& b) {
+          int32_t t = -1;
+          const SampleStatus st = detail::gumbel_uncut_row(b, row, vocab, c.params[ur], c.keys[ur], table.data(), &t);
+          if (b.rank() == 0) {
+            token = t;
+            status = static_cast<int32_t>(st);
+          }
+        });
+        EXPECT_EQ(status, static_cast<int32_t>(want_status)) << threads << " threads, vocab " << vocab << ", row " << r;
+        EXPECT_EQ(token, want) << threads << " threads, vocab " << vocab << ", row " << r;
+      }
+    }
+  }
+  // Rows with a cut, or greedy, are not the uncut pass's.
+  EXPECT_FALSE(detail::takes_one_pass(SamplingParams{0.7, 40, 1.0, 0.0}, DrawRule::kGumbelMax));
+  EXPECT_FALSE(detail::takes_one_pass(SamplingParams{0.7, 0, 0.9, 0.0}, DrawRule::kGumbelMax));
+  EXPECT_FALSE(detail::takes_one_pass(SamplingParams{0.7, 0, 1.0, 0.05}, DrawRule::kGumbelMax));
+  EXPECT_TRUE(detail::takes_one_pass(SamplingParams{0.0, 40, 0.9, 0.05}, DrawRule::kInverseCdf));
+}
+
 TEST(GumbelRows, HalfAndBFloat16RowsDrawAsTheirFloatValues) {
   std::mt19937_64 g(6);
   const int32_t rows = 40, vocab = 300;

@@ -4,7 +4,8 @@
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
 // (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
 // runs with one block per row and with a cluster of blocks per row (RowSplit); the
-// Gumbel-max draw's tokens equal the CPU's exactly, and so do greedy rows' (their own kernel). Skips, saying why, without a CUDA device.
+// Gumbel-max draw's tokens equal the CPU's exactly, and so do the one-pass rows' (their own
+// kernel: greedy rows, and Gumbel-max rows without a cut). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -304,25 +305,38 @@ TEST(SamplingCuda, GumbelBadRowsGetStatuses) {
   expect_tokens_match_cpu(c.logits, c.view(), c, "bad rows");
 }
 
-// Greedy rows take a kernel of their own (greedy_token_row) and the general kernels skip
-// them: all-greedy batches and batches where greedy and sampled rows alternate, bad greedy
-// rows (NaN, +inf, no finite logit, bad parameters), bf16 and fp32, 64 x 151,936, both
-// splits and both draws: the CPU's tokens and statuses.
-TEST(SamplingCuda, GreedyRowsOwnKernelEqualsCpu) {
+// The rows that take one pass (takes_one_pass: greedy rows; under kGumbelMax, rows without a
+// cut) run in a kernel of their own and the general kernels skip them: all-greedy batches,
+// batches where greedy and sampled rows alternate, batches mixing greedy rows, sampled rows
+// without a cut and rows with each cut, bad one-pass rows (NaN, +inf, no finite logit, bad
+// parameters), bf16 and fp32, 64 x 151,936, both splits and both draws: the CPU's tokens and
+// statuses.
+TEST(SamplingCuda, OnePassRowsOwnKernelEqualsCpu) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937_64 g(27);
-  SamplingCase bad = bad_rows_case();
-  for (SamplingParams& p : bad.params) p.temperature = 0.0;
-  bad.params[3].top_p = 2.0;  // greedy with invalid parameters
   for (DrawRule draw : {DrawRule::kInverseCdf, DrawRule::kGumbelMax}) {
     const std::string rule = draw == DrawRule::kGumbelMax ? "Gumbel-max" : "inverse CDF";
-    expect_tokens_match_cpu(bad.logits, bad.view(), bad, "bad greedy rows, " + rule, draw);
-    if (HasFatalFailure()) return;
-    for (bool alternate : {false, true}) {
+    for (double temperature : {0.0, 0.7}) {  // greedy; without a cut (one pass under kGumbelMax)
+      SamplingCase bad = bad_rows_case();
+      for (SamplingParams& p : bad.params) p = SamplingParams{temperature, 0, 1.0, 0.0};
+      bad.params[3].top_p = 2.0;  // invalid parameters (no cut: top_p >= 1)
+      expect_tokens_match_cpu(bad.logits, bad.view(), bad,
+                              "bad rows at temperature " + std::to_string(temperature) + ", " + rule, draw);
+      if (HasFatalFailure()) return;
+    }
+    for (int32_t mix : {0, 1, 2}) {  // all greedy; greedy and sampled alternate; five kinds of row
       SamplingCase c = random_sampling_case(&g, 64, 151936);
-      for (std::size_t r = 0; r < c.params.size(); ++r)
-        if (!alternate || r % 2 == 0) c.params[r].temperature = 0.0;
-      const std::string what = std::string(alternate ? "alternating rows" : "all greedy") + ", " + rule;
+      for (std::size_t r = 0; r < c.params.size(); ++r) {
+        if (mix == 0 || (mix == 1 && r % 2 == 0)) c.params[r].temperature = 0.0;
+        if (mix == 2) {
+          const double t = 0.2 + 0.05 * static_cast<double>(r);
+          const SamplingParams kinds[5] = {{0.0, 0, 1.0, 0.0}, {t, 0, 1.0, 0.0}, {t, 50, 1.0, 0.0},
+                                           {t, 0, 0.9, 0.0}, {t, 0, 1.0, 0.05}};
+          c.params[r] = kinds[r % 5];
+        }
+      }
+      const std::string what = std::string(mix == 0 ? "all greedy" : mix == 1 ? "alternating rows" : "five kinds") +
+                               ", " + rule;
       expect_tokens_match_cpu(c.logits, c.view(), c, "fp32, " + what, draw);
       if (HasFatalFailure()) return;
       std::vector<uint16_t> words(c.logits.size());

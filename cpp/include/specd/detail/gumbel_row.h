@@ -3,13 +3,15 @@
 // thread block or cluster per row, sample_tokens_cpu with SerialBlock.
 //
 //   gumbel_token_row  greedy rows and rows with a top-k / top-p / min-p cut first run
-//              plan_row (sample_row.h); then one pass over the row in groups of 8 tokens
-//              (one Philox call and, on the device, one or two 16-byte loads per group; a second
-//              Philox call per token the screen keeps)
-//              keeps each thread's largest key (gumbel.h), and two collectives (max of the
-//              keys, least id holding it) pick the token. A row without a cut is validated
-//              in the same pass (a bad logit makes the thread's key +inf): it reads its
-//              logits once.
+//              plan_row (sample_row.h); then gumbel_pass: one pass over the row in groups
+//              of 8 tokens (one Philox call and, on the device, one or two 16-byte loads per
+//              group; a second Philox call per token the screen keeps) keeps each thread's
+//              largest key (gumbel.h), and two collectives (max of the keys, least id holding
+//              it) pick the token. A row without a cut is validated in the same pass (a bad
+//              logit makes the thread's key +inf): it reads its logits once.
+//   gumbel_uncut_row / gumbel_cut_row  its two halves: a sampled row without a cut (no
+//              RowPlan: sample_tokens' lean one-pass kernel runs it beside the greedy rows,
+//              takes_one_pass), and every other row (the general kernels').
 //   gumbel_probs_row  the probability row (probs_row's bits) and a token drawn from the
 //              written floats by the same noise: sample_tokens_and_probs under kGumbelMax.
 //
@@ -99,23 +101,25 @@ SPECD_HOST_DEVICE void gumbel_rounds(Block& b, const Load& load, int32_t vocab, 
   }
 }
 
-// The token DrawRule::kGumbelMax draws from this row with key `rng` (sampling_batch.h);
-// `bounds`: fill_gumbel_bounds' table; `plan`: as sample_token_row's.
-template <class Block, class Load>
-SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
-                                                const RngKey& rng, const float* bounds, int32_t* token, RowPlan& plan) {
-  *token = -1;
-  if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
-  const bool cuts = has_filters(params);
-  if (params.temperature == 0 || cuts) {
-    const SampleStatus status = plan_row(b, load, vocab, params, &plan);
-    if (status != SampleStatus::kOk) return status;
-    if (plan.greedy) {
-      *token = plan.argmax;
-      return SampleStatus::kOk;
-    }
-  }
-  const GumbelScale scale = gumbel_scale(params.temperature);
+// Whether sample_tokens answers a row in one pass over its logits, with no plan and no sums:
+// greedy rows (temperature 0: greedy_token_row) under either rule, and under kGumbelMax rows
+// without a top-k / top-p / min-p cut (gumbel_uncut_row). The CUDA launcher runs these rows
+// in a lean kernel of their own and the general kernels skip them (sampling.cu);
+// sample_tokens_cpu dispatches alike. Rows with invalid parameters get kBadParams either way.
+SPECD_HOST_DEVICE inline bool takes_one_pass(const SamplingParams& params, DrawRule draw) {
+  return params.temperature == 0 || (draw == DrawRule::kGumbelMax && !has_filters(params));
+}
+
+// The Gumbel pass over a row. kCut false: a row without a cut (validated here: a bad logit
+// gives kBadLogit; `plan` is not read). kCut true: plan_row ran on the row (validated;
+// plan.keep_floor and kept_prob give the cut). `token`: the kept token of largest key, -1
+// with a bad status. (A template flag, not a runtime one: each kernel compiles only the
+// pass it runs.)
+template <bool kCut, class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus gumbel_pass(Block& b, const Load& load, int32_t vocab, double temperature,
+                                           const RngKey& rng, const float* bounds, const RowPlan& plan,
+                                           int32_t* token) {
+  const GumbelScale scale = gumbel_scale(temperature);
   bool bad = false;  // rows without a cut are validated here
   GumbelBest best;
   gumbel_rounds(b, load, vocab, best, [&](int32_t group, int32_t i0, float (&logits)[kGumbelGroup]) {
@@ -125,17 +129,18 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
     SPECD_UNROLL
     for (int32_t j = 0; j < kGumbelGroup; ++j) {
       const float l = logits[j];
-      if (!cuts) bad = bad || is_bad_logit(l);
+      if constexpr (!kCut) bad = bad || is_bad_logit(l);
       if (!(l > -INFINITY) || is_bad_logit(l)) continue;  // probability 0, or a row reported below
-      if (cuts && plan.keep_floor > -INFINITY &&
-          softmax_exponent(l, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
-        continue;
+      if constexpr (kCut) {
+        if (plan.keep_floor > -INFINITY && softmax_exponent(l, plan.max_logit, plan.inv_temperature) < plan.keep_floor)
+          continue;
+      }
       live |= 1u << j;
     }
     if (live != 0)
       offer_group(
           rng, group, live, bounds, best, [&](int32_t j, float g) { return screen_upper(scale, logits[j], g); },
-          [&](int32_t j) { return !cuts || kept_prob(plan, i0 + j, logits[j]) > 0; },
+          [&](int32_t j) { return !kCut || kept_prob(plan, i0 + j, logits[j]) > 0; },
           [&](int32_t j, double g) { return gumbel_key(scale, logits[j], g); });
   });
   // Keys are finite, so +inf marks a thread that read a bad logit (a row without a cut); and
@@ -146,6 +151,46 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
   if (!(top > -INFINITY)) return SampleStatus::kNoFiniteLogit;
   *token = b.min(best.key == top ? best.id : INT32_MAX);
   return SampleStatus::kOk;
+}
+
+// gumbel_token_row's token and status for a row that takes_one_pass under kGumbelMax with
+// temperature != 0 (no cut): its parameters' status, then one Gumbel pass. It needs no
+// RowPlan, so its kernel stays small (sampling.cu).
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus gumbel_uncut_row(Block& b, const Load& load, int32_t vocab,
+                                                const SamplingParams& params, const RngKey& rng, const float* bounds,
+                                                int32_t* token) {
+  *token = -1;
+  if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
+  const RowPlan unused{};
+  return gumbel_pass<false>(b, load, vocab, params.temperature, rng, bounds, unused, token);
+}
+
+// gumbel_token_row's token and status for any other row (greedy, or with a cut): its
+// parameters' status, plan_row, then (unless the plan leaves one token) the Gumbel pass
+// over the kept tokens. The general kernels run it: they skip the one-pass rows.
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus gumbel_cut_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                              const RngKey& rng, const float* bounds, int32_t* token, RowPlan& plan) {
+  *token = -1;
+  if (sampling_params_code(params) != 0) return SampleStatus::kBadParams;
+  const SampleStatus status = plan_row(b, load, vocab, params, &plan);
+  if (status != SampleStatus::kOk) return status;
+  if (plan.greedy) {
+    *token = plan.argmax;
+    return SampleStatus::kOk;
+  }
+  return gumbel_pass<true>(b, load, vocab, params.temperature, rng, bounds, plan, token);
+}
+
+// The token DrawRule::kGumbelMax draws from this row with key `rng` (sampling_batch.h);
+// `bounds`: fill_gumbel_bounds' table; `plan`: as sample_token_row's.
+template <class Block, class Load>
+SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
+                                                const RngKey& rng, const float* bounds, int32_t* token, RowPlan& plan) {
+  if (params.temperature != 0 && takes_one_pass(params, DrawRule::kGumbelMax))
+    return gumbel_uncut_row(b, load, vocab, params, rng, bounds, token);
+  return gumbel_cut_row(b, load, vocab, params, rng, bounds, token, plan);
 }
 
 // probs_row (sample_row.h) under DrawRule::kGumbelMax: the same probability row, bit for

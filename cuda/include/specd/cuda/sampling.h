@@ -22,9 +22,10 @@
 // their last bit (e.g. exact ties whose top-p mass meets top_p exactly after a top-k
 // renormalization); a probability may differ by one float ulp.
 //
-// Cost per row: one pass over the logits for greedy rows (sample_tokens launches a lean kernel
-// of its own for them, grouped 16-byte loads, before the general kernel, which skips them: two
-// launches per call); for sampled rows about 5 passes,
+// Cost per row: one pass over the logits for the rows that take one (takes_one_pass,
+// gumbel_row.h: greedy rows, and under DrawRule::kGumbelMax rows without a cut; sample_tokens
+// launches a lean kernel of its own for them, grouped 16-byte loads, before the general
+// kernel, which skips them: two launches per call); for other sampled rows about 5 passes,
 // plus 9 per top-k/top-p selection (radix selection, no sort) and 2 for min-p. Each pass
 // recomputes exp() instead of storing a [rows, vocab] double workspace.
 #pragma once
@@ -44,7 +45,8 @@ namespace specd::cuda {
 bool sampling_clusters_available();
 
 // draw: how sampled rows draw their token (sampling_batch.h). kGumbelMax reads a row without
-// a top-k / top-p / min-p cut once (no sums: its tokens equal sample_tokens_cpu's exactly);
+// a top-k / top-p / min-p cut once, in the lean one-pass kernel (no sums: its tokens equal
+// sample_tokens_cpu's exactly);
 // rows with a cut run the selection passes first, then that one pass instead of the draw's
 // three. An unknown rule fails the call (cudaErrorInvalidValue).
 cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
