@@ -1,5 +1,7 @@
 #include "specd/cuda/sampling.h"
 
+#include <type_traits>
+
 #include "detail/cluster_block.cuh"
 #include "detail/cluster_launch.cuh"
 #include "detail/device_block.cuh"
@@ -216,22 +218,17 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
     using Row = decltype(row);
     // The one-pass rows first, in their own kernel (the general kernels skip them), then the rest.
-    if (draw == DrawRule::kGumbelMax) {
-      const cudaError_t one_pass = detail::launch_rows(split, one_pass_tokens_kernel<Row, true>, kThreads,
-                                                       one_pass_tokens_cluster_kernel<Row, true>, kClusterThreads,
+    const auto launch = [&](auto gumbel) {
+      constexpr bool kGumbel = decltype(gumbel)::value;
+      const cudaError_t one_pass = detail::launch_rows(split, one_pass_tokens_kernel<Row, kGumbel>, kThreads,
+                                                       one_pass_tokens_cluster_kernel<Row, kGumbel>, kClusterThreads,
                                                        logits.rows, stream, logits, params, rng, tokens, status);
       if (one_pass != cudaSuccess) return one_pass;
-      return detail::launch_rows(split, sample_tokens_kernel<Row, true>, kThreads,
-                                 sample_tokens_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,
+      return detail::launch_rows(split, sample_tokens_kernel<Row, kGumbel>, kThreads,
+                                 sample_tokens_cluster_kernel<Row, kGumbel>, kClusterThreads, logits.rows, stream,
                                  logits, params, rng, tokens, status);
-    }
-    const cudaError_t one_pass = detail::launch_rows(split, one_pass_tokens_kernel<Row, false>, kThreads,
-                                                     one_pass_tokens_cluster_kernel<Row, false>, kClusterThreads,
-                                                     logits.rows, stream, logits, params, rng, tokens, status);
-    if (one_pass != cudaSuccess) return one_pass;
-    return detail::launch_rows(split, sample_tokens_kernel<Row, false>, kThreads,
-                               sample_tokens_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
-                               params, rng, tokens, status);
+    };
+    return draw == DrawRule::kGumbelMax ? launch(std::true_type{}) : launch(std::false_type{});
   });
 }
 

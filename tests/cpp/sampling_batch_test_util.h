@@ -59,6 +59,24 @@ inline SamplingCase random_sampling_case(std::mt19937_64* gen, int32_t rows, int
   return c;
 }
 
+// Bad and edge rows, by r % 8: 0 a NaN at a random id, 1 +inf as the last logit (the last
+// load group), 2 every logit -inf; rows with r % 8 == 3 get `fourth(row, at)` (`at` a
+// random id). Other rows are left as they are.
+template <class Fourth>
+void mark_edge_rows(SamplingCase* c, std::mt19937_64* g, const Fourth& fourth) {
+  for (int32_t r = 0; r < c->rows; ++r) {
+    float* row = c->logits.data() + r * c->stride;
+    const int32_t at = static_cast<int32_t>((*g)() % static_cast<uint64_t>(c->vocab));
+    switch (r % 8) {
+      case 0: row[at] = NAN; break;
+      case 1: row[c->vocab - 1] = INFINITY; break;
+      case 2: std::fill(row, row + c->vocab, -INFINITY); break;
+      case 3: fourth(row, at); break;
+      default: break;
+    }
+  }
+}
+
 struct SamplingExpected {
   std::vector<float> probs;    // [rows, vocab]
   std::vector<int32_t> tokens; // [rows], -1 where invalid

@@ -204,16 +204,8 @@ TEST(GumbelRows, UncutRowOwnPassMatchesTheGeneralRow) {
   const std::vector<float> table = bounds_table();
   for (int32_t vocab : {1, 7, 8, 9, 64, 1001}) {
     SamplingCase c = random_sampling_case(&g, 40, vocab);
+    mark_edge_rows(&c, &g, [](float* row, int32_t at) { row[at] = -INFINITY; });
     for (int32_t r = 0; r < c.rows; ++r) {
-      float* row = c.logits.data() + r * c.stride;
-      const int32_t at = static_cast<int32_t>(g() % static_cast<uint64_t>(vocab));
-      switch (r % 8) {
-        case 0: row[at] = NAN; break;
-        case 1: row[vocab - 1] = INFINITY; break;
-        case 2: for (int32_t i = 0; i < vocab; ++i) row[i] = -INFINITY; break;
-        case 3: row[at] = -INFINITY; break;
-        default: break;
-      }
       SamplingParams& p = c.params[static_cast<std::size_t>(r)];
       p = SamplingParams{r % 2 == 0 ? 0.05 + 0.04 * r : 1.0 + 0.3 * r, 0, 1.0, 0.0};
       if (r % 11 == 5) p.temperature = -0.5;  // invalid: kBadParams

@@ -288,16 +288,11 @@ TEST(SamplingBatchThreaded, GreedyRowsOwnPassMatchesTheGeneralRow) {
   std::mt19937_64 g(47);
   for (int32_t vocab : {1, 7, 8, 9, 64, 1001}) {
     SamplingCase c = random_sampling_case(&g, 40, vocab);
+    mark_edge_rows(&c, &g, [vocab](float* row, int32_t at) {  // a tie at the top: the lower id
+      row[at] = 1e30f;
+      row[vocab - 1] = 1e30f;
+    });
     for (int32_t r = 0; r < c.rows; ++r) {
-      float* row = c.logits.data() + r * c.stride;
-      const int32_t at = static_cast<int32_t>(g() % static_cast<uint64_t>(vocab));
-      switch (r % 8) {
-        case 0: row[at] = NAN; break;
-        case 1: row[vocab - 1] = INFINITY; break;
-        case 2: for (int32_t i = 0; i < vocab; ++i) row[i] = -INFINITY; break;
-        case 3: row[at] = 1e30f; row[vocab - 1] = 1e30f; break;  // a tie at the top: the lower id
-        default: break;
-      }
       SamplingParams& p = c.params[static_cast<std::size_t>(r)];
       p.temperature = 0.0;
       if (r % 11 == 5) p.top_p = 1.5;  // invalid: kBadParams
