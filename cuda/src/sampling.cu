@@ -32,6 +32,10 @@ using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks,
 using OnePassBlock = detail::DeviceBlock<kThreads>;
 using OnePassClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks>;
 
+// The draw rule of a kernel instance (kGumbel: DrawRule::kGumbelMax).
+template <bool kGumbel>
+constexpr DrawRule kDrawOf = kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf;
+
 // Where a row function keeps its RowPlan (sample_row.h): in shared memory for the clustered
 // kernels (in registers it spilled there), else `local` (registers).
 template <bool kShared>
@@ -60,7 +64,7 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
   // uniform: the whole block (cluster) leaves
-  if (specd::detail::takes_one_pass(row_params, kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf)) return;
+  if (specd::detail::takes_one_pass(row_params, kDrawOf<kGumbel>)) return;
   const RngKey key = rng[r];
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
@@ -86,7 +90,7 @@ __device__ void one_pass_row(B& block, int32_t r, const LogitRows& logits, const
   __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   const SamplingParams row_params = params[r];
   // uniform: the whole block (cluster) leaves
-  if (!specd::detail::takes_one_pass(row_params, kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf)) return;
+  if (!specd::detail::takes_one_pass(row_params, kDrawOf<kGumbel>)) return;
   int32_t token = -1;
   const Row row = Row::at(logits.data, r * logits.stride);
   SampleStatus s;
