@@ -9,8 +9,13 @@ probes below wrap model_runner.run_draft_on_device, the draft call without the d
 which the engine does later with the verification results).
 
     python bench/gpu/bench_draft_loop.py [--quick] [--budget-s S] [--out DIR] [--torch-layers]
-                                         [--kernels FIELD=VALUE,...] [--tree-width W] [--dry-run]
-                                         [--smoke-cpu]
+                                         [--kernels FIELD=VALUE,...] [--tree-width W] [--temperature T]
+                                         [--dry-run] [--smoke-cpu]
+
+--temperature T (> 0): sampled requests, seeded (every run draws the same tokens), instead of
+greedy ones: the draft's rows and stochastic verification (with the rows' totals and the
+draft rows read in the runner's buffers) are then part of every step. The plain-decoding
+comparison of the target-graph modes is greedy only (skipped).
 
 --tree-width W (2..8): draft-model trees of width W instead of chains, in three modes: the host
 loop (draft_tree.run_draft_tree: a host read per forward), the tree runner eager and the tree
@@ -329,7 +334,8 @@ class RunnerProbe:
 
 
 def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: DraftProbe,
-             loop_probe: RunnerProbe, tree_width: int = 1, device_probe: Optional[DraftProbe] = None):
+             loop_probe: RunnerProbe, tree_width: int = 1, device_probe: Optional[DraftProbe] = None,
+             temperature: float = 0.0):
     import specd
     from specd.engine.draft_graph import DraftGraphRunner
 
@@ -353,7 +359,9 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
         old = llm.draft_graph
         llm.draft_graph = llm.engine.draft_graph = DraftTreeGraphRunner(
             llm.draft, llm.pool, replace(old.config, capture=False), tree_width)
-    params = specd.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    # Seeded when sampled: every run of the same requests draws the same tokens (the same work).
+    params = specd.SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True,
+                                  seed=11 if temperature > 0 else None)
     probe.reset(False)
     if device_probe is not None:
         device_probe.reset(False)
@@ -370,7 +378,7 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
               "draft_forwards": t.draft_forwards, "target_ms_per_step": 1e3 * t.target_forward_s / max(1, t.steps),
               "step_ms": 1e3 * t.step_s / max(1, t.steps), "draft_share": t.draft_forward_s / t.step_s if t.step_s else 0.0,
               "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
-    if mode in (MODES[4], MODES[5]):
+    if mode in (MODES[4], MODES[5]) and temperature == 0:
         # The verify pass now attends with the kernels, plain decoding with torch SDPA: in bf16
         # their rounding differs. Lossless means equal to plain decoding with the same
         # numerics: plain decoding through the target graph (decode steps are 1-row verifies).
@@ -456,6 +464,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tree-width", type=int, default=1,
                     help="W > 1: time draft-model trees of width W (SpeculationConfig.draft_tree_width) in the "
                          "tree modes instead of chains")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="T > 0: sampled requests (seeded; draft rows, stochastic verification) instead of greedy")
     ap.add_argument("--smoke-cpu", action="store_true",
                     help="tiny float32 models on the CPU, no CUDA graph mode: checks the script, times nothing")
     args = ap.parse_args(argv)
@@ -525,6 +535,7 @@ def main(argv=None) -> int:
     rows, failures, skipped = [], [], []
     meta = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu (smoke)", "torch": torch.__version__,
             "max_tokens": max_tokens, "budget_s": args.budget_s, "model_build_s": round(build_s, 1),
+            "temperature": args.temperature,
             "kernels": {f: getattr(kernels, f) for f in KernelChoice.__dataclass_fields__},
             "tree_width": tree_width}
 
@@ -556,7 +567,7 @@ def main(argv=None) -> int:
                 same_layers = outputs.setdefault(layers, {})
                 try:
                     r, same_layers[mode] = run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens,
-                                                    probe, loop_probe, tree_width, device_probe)
+                                                    probe, loop_probe, tree_width, device_probe, args.temperature)
                 except Exception as e:  # keep the other modes' numbers
                     failures.append(f"{mode} ({layers} layers) b={batch} k={k}: {type(e).__name__}: {e}")
                     print("FAILED", failures[-1], file=sys.stderr, flush=True)

@@ -437,9 +437,21 @@ def bench_verification(s: Setup) -> list[dict]:
                                                        draft_probs, keys, "without_replacement", width,
                                                        cluster=cluster)
     same_c = all(torch.equal(a, b) for a, b in zip(stochastic(True), stochastic(False)))
-    out.append(row(s, "verify_stochastic cluster", f"{shape} fp32 probs", s.measure(lambda: stochastic(True)),
+    clustered = s.measure(lambda: stochastic(True))
+    out.append(row(s, "verify_stochastic cluster", f"{shape} fp32 probs", clustered,
                    "one block per request", s.measure(lambda: stochastic(False)), f"outputs equal={same_c}",
                    2 * rows_read * 4, "every node's target + draft row read once"))
+    # With the rows' totals given (what sampling_probs / the draft runner write; here summed by
+    # torch): a node whose draft is accepted costs two reads instead of two whole rows.
+    t_totals, d_totals = target_probs.double().sum(-1), draft_probs.double().sum(-1)
+    with_totals = lambda: ops.verify_stochastic(offsets, parents, tokens, target_probs, draft_probs,  # noqa: E731
+                                                keys, "without_replacement", width, cluster=True,
+                                                target_totals=t_totals, draft_totals=d_totals)
+    same_t = all(torch.equal(a, b) for a, b in zip(with_totals(), stochastic(True)))
+    out.append(row(s, "verify_stochastic cluster, row totals", f"{shape} fp32 probs", s.measure(with_totals),
+                   "cluster, rows summed by the walk", clustered,
+                   f"outputs equal={same_t} (totals summed by torch: another order of additions)",
+                   0, "no fixed bound: what it reads depends on the acceptances"))
     return out
 
 

@@ -22,6 +22,9 @@
 #   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
+#   5b sampled (opt-in: --stages "... sampled") bench_draft_loop.py --quick --temperature 0.8:
+#                      the draft loop and engine steps with seeded sampled requests (draft rows,
+#                      stochastic verification with row totals); JSON in $OUT/sampled/
 #   6 timeline (opt-in: --stages "... timeline") bench/gpu/step_timeline.py: engine steps under
 #                      torch.profiler, the GPU's idle time per step attributed to the host phase
 #                      running then, drafts read on the host vs kept on the device; into bench.log
@@ -37,7 +40,7 @@
 # 9 with both: then leave out bench, as $OUT returns at most 8 files; the timeline stage writes
 # into bench.log only); a short table is printed last.
 #
-# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree timeline profile"]
+# Usage: bash bench/gpu/run.sh [--dry-run] [--quick] [--skip-build] [--stages "build ctest pytest bench tree sampled timeline profile"]
 #   --dry-run  print the plan and check the Python side imports (works without a GPU; the
 #              package from $PYTHONPATH when set, else python/ with an in-tree _core)
 #   --quick    fewer sizes / repetitions in the benchmarks
@@ -185,6 +188,16 @@ if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop
       --tree-width 4 --budget-s "$budget" --out "$OUT_DIR/tree"
   else
     note "[bench_draft_tree] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
+  fi
+fi
+
+if [[ " $STAGES " == *" sampled "* ]]; then  # opt-in: the draft loop with sampled requests
+  budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
+  if [ "$budget" -ge 30 ]; then
+    stage bench_draft_sampled bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --quick \
+      --temperature 0.8 --budget-s "$budget" --out "$OUT_DIR/sampled"
+  else
+    note "[bench_draft_sampled] skipped: ${SECONDS} s used of the run's ${TOTAL_S} s"
   fi
 fi
 

@@ -85,20 +85,22 @@ Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, 
 }
 
 Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* params, float* probs,
-                                int32_t* status) {
+                                int32_t* status, double* totals) {
   SPECD_RETURN_IF_ERROR(validate_sampling_probs_batch(logits, params, probs, status));
   detail::SerialBlock block;
   detail::dispatch_logits_dtype(logits.dtype, [&](auto tag) {
     using Row = decltype(tag);
+    detail::RowPlan plan;
     for (int32_t r = 0; r < logits.rows; ++r)
-      status[r] = static_cast<int32_t>(detail::probs_row(block, Row::at(logits.data, r * logits.stride),
-                                                         logits.vocab, params[r], probs + int64_t{r} * logits.vocab));
+      status[r] = static_cast<int32_t>(detail::probs_row(block, Row::at(logits.data, r * logits.stride), logits.vocab,
+                                                         params[r], probs + int64_t{r} * logits.vocab, nullptr,
+                                                         nullptr, plan, totals != nullptr ? totals + r : nullptr));
   });
   return Status::Ok();
 }
 
 Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
-                                   int32_t* tokens, float* probs, int32_t* status, DrawRule draw) {
+                                   int32_t* tokens, float* probs, int32_t* status, DrawRule draw, double* totals) {
   SPECD_RETURN_IF_ERROR(validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status));
   SPECD_RETURN_IF_ERROR(validate_draw_rule(draw));
   detail::SerialBlock block;
@@ -110,10 +112,12 @@ Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams
     for (int32_t r = 0; r < logits.rows; ++r) {
       const Row row = Row::at(logits.data, r * logits.stride);
       float* out = probs + int64_t{r} * logits.vocab;
+      double* total = totals != nullptr ? totals + r : nullptr;
       status[r] = static_cast<int32_t>(
           draw == DrawRule::kGumbelMax
-              ? detail::gumbel_probs_row(block, row, logits.vocab, params[r], out, rng[r], bounds, &tokens[r], plan)
-              : detail::probs_row(block, row, logits.vocab, params[r], out, &rng[r], &tokens[r], plan));
+              ? detail::gumbel_probs_row(block, row, logits.vocab, params[r], out, rng[r], bounds, &tokens[r], plan,
+                                         total)
+              : detail::probs_row(block, row, logits.vocab, params[r], out, &rng[r], &tokens[r], plan, total));
     }
   });
   return Status::Ok();

@@ -9,11 +9,14 @@
 namespace specd {
 namespace {
 
-Status check_rows(const ProbRows& rows, const TreeBatchView& trees, const char* which) {
+// indexed: rows are found through an index (draft_index), so any number of them will do.
+Status check_rows(const ProbRows& rows, const TreeBatchView& trees, const char* which, bool indexed = false) {
   if (rows.vocab <= 0 || rows.vocab > kMaxBatchVocab || rows.stride < rows.vocab)
     return error_status(StatusCode::kInvalidArgument, which, " rows: bad shape (vocab ", rows.vocab, ", stride ",
                         rows.stride, ")");
-  if (rows.rows < trees.num_nodes)
+  if (rows.rows < 0)
+    return error_status(StatusCode::kInvalidArgument, which, " rows: ", rows.rows, " rows");
+  if (!indexed && rows.rows < trees.num_nodes)
     return error_status(StatusCode::kInvalidArgument, which, " rows: ", rows.rows, " rows for ", trees.num_nodes,
                         " nodes; one row per node is needed");
   if (rows.rows > 0 && rows.data == nullptr)
@@ -44,10 +47,12 @@ Status validate_verify_outputs(const TreeBatchView& trees, const VerifyOutputs& 
 }
 
 Status validate_prob_rows_for(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                              DraftSampling sampling) {
+                              DraftSampling sampling, const StochasticRowOptions& options) {
   SPECD_RETURN_IF_ERROR(check_rows(target, trees, "target"));
+  if (draft == nullptr && (options.draft_index != nullptr || options.draft_totals != nullptr))
+    return error_status(StatusCode::kInvalidArgument, "draft_index or draft_totals given without draft rows");
   if (draft != nullptr) {
-    SPECD_RETURN_IF_ERROR(check_rows(*draft, trees, "draft"));
+    SPECD_RETURN_IF_ERROR(check_rows(*draft, trees, "draft", options.draft_index != nullptr));
     if (draft->vocab != target.vocab)
       return error_status(StatusCode::kInvalidArgument, "draft vocab ", draft->vocab, " differs from target vocab ",
                           target.vocab);
@@ -79,10 +84,11 @@ Status validate_verify_greedy_tokens(const TreeBatchView& trees, const int32_t* 
 }
 
 Status validate_verify_stochastic(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                                  DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out) {
+                                  DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                  const StochasticRowOptions& options) {
   SPECD_RETURN_IF_ERROR(validate_tree_batch(trees));
   SPECD_RETURN_IF_ERROR(validate_verify_outputs(trees, out));
-  SPECD_RETURN_IF_ERROR(validate_prob_rows_for(trees, target, draft, sampling));
+  SPECD_RETURN_IF_ERROR(validate_prob_rows_for(trees, target, draft, sampling, options));
   if (trees.batch > 0 && rng == nullptr)
     return error_status(StatusCode::kInvalidArgument, "verify_stochastic: null rng");
   return Status::Ok();
@@ -121,14 +127,16 @@ Status verify_greedy_tokens_batch_cpu(const TreeBatchView& trees, const int32_t*
 }
 
 Status verify_stochastic_batch_cpu(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out) {
-  SPECD_RETURN_IF_ERROR(validate_verify_stochastic(trees, target, draft, sampling, rng, out));
+                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                   const StochasticRowOptions& options) {
+  SPECD_RETURN_IF_ERROR(validate_verify_stochastic(trees, target, draft, sampling, rng, out, options));
   const ProbRows no_draft{};
   detail::SerialBlock b;
   detail::Rejection rejected[kMaxVerifyChildren];
   for (int32_t r = 0; r < trees.batch; ++r) {
     detail::verify_request(b, trees, r, target.vocab, out, [&](const detail::RequestNodes& n, detail::Emitter& e) {
-      return detail::stochastic_walk(b, n, e, target, draft != nullptr ? *draft : no_draft, sampling, rng[r], rejected);
+      return detail::stochastic_walk(b, n, e, target, draft != nullptr ? *draft : no_draft, options, sampling,
+                                     rng[r], rejected);
     });
   }
   return Status::Ok();

@@ -109,10 +109,11 @@ __device__ void one_pass_row(B& block, int32_t r, const LogitRows& logits, const
 }
 
 // rng and tokens null: probabilities only; else also the token drawn from each row
-// (kGumbel: by DrawRule::kGumbelMax, rng and tokens non-null).
+// (kGumbel: by DrawRule::kGumbelMax, rng and tokens non-null). totals non-null: each row's
+// total too (sampling_batch.h).
 template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
-                          const RngKey* rng, int32_t* tokens, float* probs, int32_t* status) {
+                          const RngKey* rng, int32_t* tokens, float* probs, int32_t* status, double* totals) {
   __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
   specd::detail::RowPlan local_plan;
   specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
@@ -122,13 +123,15 @@ __device__ void probs_row(B& block, int32_t r, const LogitRows& logits, const Sa
   if (rng != nullptr) key = rng[r];
   int32_t token = -1;
   float* out = probs + int64_t{r} * logits.vocab;
+  double* row_total = totals != nullptr ? totals + r : nullptr;  // written by the block's rank 0
   SampleStatus s;
   if constexpr (kGumbel) {
     fill_bounds(bounds);
-    s = specd::detail::gumbel_probs_row(block, row, logits.vocab, row_params, out, key, bounds, &token, plan);
+    s = specd::detail::gumbel_probs_row(block, row, logits.vocab, row_params, out, key, bounds, &token, plan,
+                                        row_total);
   } else {
     s = specd::detail::probs_row(block, row, logits.vocab, row_params, out, rng != nullptr ? &key : nullptr,
-                                 tokens != nullptr ? &token : nullptr, plan);
+                                 tokens != nullptr ? &token : nullptr, plan, row_total);
   }
   if (block.rank() == 0) {
     status[r] = static_cast<int32_t>(s);
@@ -159,11 +162,11 @@ __global__ void __launch_bounds__(kThreads)
 template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kThreads)
     sampling_probs_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
-                          float* probs, int32_t* status) {
+                          float* probs, int32_t* status, double* totals) {
   __shared__ Block::Shared shared;
   Block block(&shared);
   probs_row<Row, false, kGumbel>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, probs,
-                                 status);
+                                 status, totals);
 }
 
 // A cluster of kRowSplitClusterBlocks blocks per row (launched with the cluster dimension
@@ -198,12 +201,12 @@ __global__ void __launch_bounds__(kClusterThreads)
 template <class Row, bool kGumbel>
 __global__ void __launch_bounds__(kClusterThreads, kProbsClusterMinBlocks)
     sampling_probs_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng,
-                                  int32_t* tokens, float* probs, int32_t* status) {
+                                  int32_t* tokens, float* probs, int32_t* status, double* totals) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk block(&shared);
   probs_row<Row, true, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
-                                tokens, probs, status);
+                                tokens, probs, status, totals);
   block.finish();
 #endif
 }
@@ -237,7 +240,7 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
 }
 
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
-                                 int32_t* status, cudaStream_t stream, RowSplit split) {
+                                 int32_t* status, cudaStream_t stream, RowSplit split, double* totals) {
   if (!validate_sampling_probs_batch(logits, params, probs, status).ok()) return cudaErrorInvalidValue;
   if (logits.rows == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(logits.dtype, [&](auto row) {
@@ -245,13 +248,13 @@ cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* 
     return detail::launch_rows(split, sampling_probs_kernel<Row, false>, kThreads,
                                sampling_probs_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
                                params, static_cast<const RngKey*>(nullptr), static_cast<int32_t*>(nullptr), probs,
-                               status);
+                               status, totals);
   });
 }
 
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    RowSplit split, DrawRule draw) {
+                                    RowSplit split, DrawRule draw, double* totals) {
   if (!validate_sample_tokens_and_probs(logits, params, rng, tokens, probs, status).ok() ||
       !validate_draw_rule(draw).ok())
     return cudaErrorInvalidValue;
@@ -261,10 +264,10 @@ cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParam
     if (draw == DrawRule::kGumbelMax)
       return detail::launch_rows(split, sampling_probs_kernel<Row, true>, kThreads,
                                  sampling_probs_cluster_kernel<Row, true>, kClusterThreads, logits.rows, stream,
-                                 logits, params, rng, tokens, probs, status);
+                                 logits, params, rng, tokens, probs, status, totals);
     return detail::launch_rows(split, sampling_probs_kernel<Row, false>, kThreads,
                                sampling_probs_cluster_kernel<Row, false>, kClusterThreads, logits.rows, stream, logits,
-                               params, rng, tokens, probs, status);
+                               params, rng, tokens, probs, status, totals);
   });
 }
 

@@ -13,6 +13,10 @@ namespace {
 constexpr int kThreads = 256;         // stochastic: threads per request (fixes its sums' order)
 constexpr int kGreedyThreads = 1024;  // greedy from logits: the argmax does not depend on it
 constexpr int kTokensThreads = 128;   // greedy tokens: requests per block, one thread each
+// Stochastic, a cluster per request: blocks per SM the registers must allow (80 registers:
+// 64 requests' 512 blocks in 1.3 waves on an H100, the configuration timed there; left to
+// itself ptxas takes 127 since the row options, 2 blocks per SM).
+constexpr int kStochasticClusterMinBlocks = 3;
 using Block = detail::DeviceBlock<kThreads>;
 using ClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks>;
 using GreedyBlock = detail::DeviceBlock<kGreedyThreads>;
@@ -51,24 +55,25 @@ __global__ void verify_greedy_tokens_kernel(TreeBatchView trees, const int32_t* 
 
 // draft.data == nullptr: no draft rows.
 __global__ void __launch_bounds__(kThreads)
-    verify_stochastic_kernel(TreeBatchView trees, ProbRows target, ProbRows draft, DraftSampling sampling,
-                             const RngKey* rng, VerifyOutputs out) {
+    verify_stochastic_kernel(TreeBatchView trees, ProbRows target, ProbRows draft, StochasticRowOptions options,
+                             DraftSampling sampling, const RngKey* rng, VerifyOutputs out) {
   __shared__ Block::Shared shared;
   __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
   Block b(&shared);
   const auto r = static_cast<int32_t>(blockIdx.x);
   const RngKey key = rng[r];
   specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::stochastic_walk(b, n, e, target, draft, sampling, key, rejected);
+    return specd::detail::stochastic_walk(b, n, e, target, draft, options, sampling, key, rejected);
   });
 }
 
 // A thread-block cluster of kRowSplitClusterBlocks blocks per request (sm_90+; the body is
 // empty in code for older GPUs, which detail::cluster_ready() never launches). Each block
 // keeps its own copy of the rejected siblings' totals (written by its leader).
-__global__ void __launch_bounds__(kThreads)
-    verify_stochastic_cluster_kernel(TreeBatchView trees, ProbRows target, ProbRows draft, DraftSampling sampling,
-                                     const RngKey* rng, VerifyOutputs out) {
+__global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
+    verify_stochastic_cluster_kernel(TreeBatchView trees, ProbRows target, ProbRows draft,
+                                     StochasticRowOptions options, DraftSampling sampling, const RngKey* rng,
+                                     VerifyOutputs out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
@@ -76,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto r = static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks;
   const RngKey key = rng[r];
   specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::stochastic_walk(b, n, e, target, draft, sampling, key, rejected);
+    return specd::detail::stochastic_walk(b, n, e, target, draft, options, sampling, key, rejected);
   });
   b.finish();
 #endif
@@ -106,12 +111,13 @@ cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t
 
 cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                     DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
-                                    cudaStream_t stream, RowSplit split) {
-  if (!validate_verify_stochastic(trees, target, draft, sampling, rng, out).ok()) return cudaErrorInvalidValue;
+                                    cudaStream_t stream, RowSplit split, const StochasticRowOptions& options) {
+  if (!validate_verify_stochastic(trees, target, draft, sampling, rng, out, options).ok())
+    return cudaErrorInvalidValue;
   if (trees.batch == 0) return cudaSuccess;
   const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
   return detail::launch_rows(split, verify_stochastic_kernel, kThreads, verify_stochastic_cluster_kernel, kThreads,
-                             trees.batch, stream, trees, target, draft_rows, sampling, rng, out);
+                             trees.batch, stream, trees, target, draft_rows, options, sampling, rng, out);
 }
 
 bool verify_clusters_available() { return detail::cluster_ready(verify_stochastic_cluster_kernel); }

@@ -123,6 +123,15 @@ cuda::RowSplit row_split(bool cluster) {
   py::arg("out_tokens_ptr"), py::arg("out_path_ptr"), py::arg("num_accepted_ptr"), py::arg("status_ptr"), \
       py::arg("out_stride")
 
+// verify_stochastic's StochasticRowOptions (verify_batch.h) from pointers, 0 for none.
+StochasticRowOptions row_options(uintptr_t draft_index, uintptr_t target_totals, uintptr_t draft_totals) {
+  return StochasticRowOptions{ptr<const int32_t>(draft_index), ptr<const double>(target_totals),
+                              ptr<const double>(draft_totals)};
+}
+
+#define SPECD_ROW_OPTION_ARGS \
+  py::arg("draft_index_ptr") = 0, py::arg("target_totals_ptr") = 0, py::arg("draft_totals_ptr") = 0
+
 }  // namespace
 
 void bind_spec_kernels(py::module_& m) {
@@ -141,23 +150,26 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sampling_probs_batch_cpu",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t probs, uintptr_t status) {
+         uintptr_t params, uintptr_t probs, uintptr_t status, uintptr_t totals) {
         check(sampling_probs_batch_cpu(logit_rows(logits, dtype, rows, vocab, stride),
-                                       ptr<const SamplingParams>(params), ptr<float>(probs), ptr<int32_t>(status)));
+                                       ptr<const SamplingParams>(params), ptr<float>(probs), ptr<int32_t>(status),
+                                       ptr<double>(totals)));
       },
-      SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"),
-      "sampling_probs_batch_cpu on host pointers: float32 probs [rows, vocab] and int32 status out.");
+      SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"), py::arg("totals_ptr") = 0,
+      "sampling_probs_batch_cpu on host pointers: float32 probs [rows, vocab] and int32 status out; "
+      "totals_ptr (0: none): float64 [rows], each row's total (sampling_batch.h).");
   m.def(
       "sample_tokens_and_probs_batch_cpu",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, bool gumbel) {
+         uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, bool gumbel,
+         uintptr_t totals) {
         check(sample_tokens_and_probs_cpu(logit_rows(logits, dtype, rows, vocab, stride),
                                           ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                           ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
-                                          draw_rule(gumbel)));
+                                          draw_rule(gumbel), ptr<double>(totals)));
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
-      py::arg("status_ptr"), py::arg("gumbel") = false,
+      py::arg("status_ptr"), py::arg("gumbel") = false, py::arg("totals_ptr") = 0,
       "sample_tokens_and_probs_cpu (specd/sampling_batch.h) on host pointers (gumbel: DrawRule::kGumbelMax): int32 tokens [rows], "
       "float32 probs [rows, vocab] and int32 status out.");
   m.def(
@@ -188,18 +200,21 @@ void bind_spec_kernels(py::module_& m) {
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,
          uintptr_t target, int32_t rows, int32_t vocab, int64_t target_stride, uintptr_t draft,
          int32_t draft_rows, int64_t draft_stride, const std::string& sampling, uintptr_t rng,
-         uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride) {
+         uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
+         uintptr_t draft_index, uintptr_t target_totals, uintptr_t draft_totals) {
         const ProbRows d = prob_rows(draft, draft_rows, vocab, draft_stride);
         check(verify_stochastic_batch_cpu(trees(offsets, parents, tokens, batch, num_nodes),
                                           prob_rows(target, rows, vocab, target_stride), draft ? &d : nullptr,
                                           draft_sampling(sampling), ptr<const RngKey>(rng),
-                                          outputs(out_tokens, out_path, num_accepted, status, out_stride)));
+                                          outputs(out_tokens, out_path, num_accepted, status, out_stride),
+                                          row_options(draft_index, target_totals, draft_totals)));
       },
       SPECD_TREE_ARGS, py::arg("target_ptr"), py::arg("rows"), py::arg("vocab"), py::arg("target_stride"),
       py::arg("draft_ptr"), py::arg("draft_rows"), py::arg("draft_stride"), py::arg("draft_sampling"),
-      py::arg("rng_ptr"), SPECD_OUT_ARGS,
+      py::arg("rng_ptr"), SPECD_OUT_ARGS, SPECD_ROW_OPTION_ARGS,
       "verify_stochastic_batch_cpu (specd/verify_batch.h) on host pointers; float32 probability "
-      "rows; draft_ptr 0: no draft rows (deterministic proposals).");
+      "rows; draft_ptr 0: no draft rows (deterministic proposals); the StochasticRowOptions as "
+      "pointers (0: none): int32 draft_index [num_nodes], float64 target/draft totals [rows].");
 
 #ifdef SPECD_WITH_CUDA
   m.def(
@@ -222,34 +237,37 @@ void bind_spec_kernels(py::module_& m) {
   m.def(
       "sampling_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
-         uintptr_t params, uintptr_t probs, uintptr_t status, uintptr_t stream, bool cluster) {
+         uintptr_t params, uintptr_t probs, uintptr_t status, uintptr_t stream, bool cluster, uintptr_t totals) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sampling_probs_batch(l, ptr<const SamplingParams>(params), ptr<const float>(probs),
                                             ptr<const int32_t>(status)));
         check_launch(cuda::sampling_probs_batch(l, ptr<const SamplingParams>(params), ptr<float>(probs),
-                                                ptr<int32_t>(status), as_stream(stream), row_split(cluster)),
+                                                ptr<int32_t>(status), as_stream(stream), row_split(cluster),
+                                                ptr<double>(totals)),
                      "sampling_probs_batch");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("probs_ptr"), py::arg("status_ptr"), py::arg("stream"),
-      py::arg("cluster") = false,
+      py::arg("cluster") = false, py::arg("totals_ptr") = 0,
       "Launch the CUDA sampling_probs_batch kernel on device pointers (no host sync); cluster: as "
       "sample_tokens_batch_cuda.");
   m.def(
       "sample_tokens_and_probs_batch_cuda",
       [](uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
          uintptr_t params, uintptr_t rng, uintptr_t tokens, uintptr_t probs, uintptr_t status, uintptr_t stream,
-         bool cluster, bool gumbel) {
+         bool cluster, bool gumbel, uintptr_t totals) {
         const LogitRows l = logit_rows(logits, dtype, rows, vocab, stride);
         check(validate_sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                ptr<const int32_t>(tokens), ptr<const float>(probs),
                                                ptr<const int32_t>(status)));
         check_launch(cuda::sample_tokens_and_probs(l, ptr<const SamplingParams>(params), ptr<const RngKey>(rng),
                                                    ptr<int32_t>(tokens), ptr<float>(probs), ptr<int32_t>(status),
-                                                   as_stream(stream), row_split(cluster), draw_rule(gumbel)),
+                                                   as_stream(stream), row_split(cluster), draw_rule(gumbel),
+                                                   ptr<double>(totals)),
                      "sample_tokens_and_probs");
       },
       SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("rng_ptr"), py::arg("tokens_ptr"), py::arg("probs_ptr"),
       py::arg("status_ptr"), py::arg("stream"), py::arg("cluster") = false, py::arg("gumbel") = false,
+      py::arg("totals_ptr") = 0,
       "Launch the CUDA sample_tokens_and_probs kernel on device pointers (no host sync); cluster and "
       "gumbel: as sample_tokens_batch_cuda.");
   m.def("sampling_clusters_available", &cuda::sampling_clusters_available,
@@ -289,20 +307,21 @@ void bind_spec_kernels(py::module_& m) {
          uintptr_t target, int32_t rows, int32_t vocab, int64_t target_stride, uintptr_t draft,
          int32_t draft_rows, int64_t draft_stride, const std::string& sampling, uintptr_t rng,
          uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
-         uintptr_t stream, bool cluster) {
+         uintptr_t stream, bool cluster, uintptr_t draft_index, uintptr_t target_totals, uintptr_t draft_totals) {
         const TreeBatchView t = trees(offsets, parents, tokens, batch, num_nodes);
         const ProbRows target_rows = prob_rows(target, rows, vocab, target_stride);
         const ProbRows d = prob_rows(draft, draft_rows, vocab, draft_stride);
         const DraftSampling s = draft_sampling(sampling);
         const VerifyOutputs o = outputs(out_tokens, out_path, num_accepted, status, out_stride);
-        check(validate_verify_stochastic(t, target_rows, draft ? &d : nullptr, s, ptr<const RngKey>(rng), o));
+        const StochasticRowOptions options = row_options(draft_index, target_totals, draft_totals);
+        check(validate_verify_stochastic(t, target_rows, draft ? &d : nullptr, s, ptr<const RngKey>(rng), o, options));
         check_launch(cuda::verify_stochastic_batch(t, target_rows, draft ? &d : nullptr, s, ptr<const RngKey>(rng),
-                                                   o, as_stream(stream), row_split(cluster)),
+                                                   o, as_stream(stream), row_split(cluster), options),
                      "verify_stochastic_batch");
       },
       SPECD_TREE_ARGS, py::arg("target_ptr"), py::arg("rows"), py::arg("vocab"), py::arg("target_stride"),
       py::arg("draft_ptr"), py::arg("draft_rows"), py::arg("draft_stride"), py::arg("draft_sampling"),
-      py::arg("rng_ptr"), SPECD_OUT_ARGS, py::arg("stream"), py::arg("cluster") = false,
+      py::arg("rng_ptr"), SPECD_OUT_ARGS, py::arg("stream"), py::arg("cluster") = false, SPECD_ROW_OPTION_ARGS,
       "Launch the CUDA stochastic verification kernel on device pointers (no host sync); cluster: a "
       "thread-block cluster per request (specd/cuda/row_split.h, RowSplit).");
   m.def("verify_clusters_available", &cuda::verify_clusters_available,

@@ -218,6 +218,41 @@ TEST(SamplingBatchCpu, ExactTiesAtTheTopKAndTopPCuts) {
   EXPECT_EQ(std::vector<float>(probs.begin() + 10, probs.end()), (std::vector<float>{1 / 3.0f, 1 / 3.0f, 1 / 3.0f, 0, 0}));
 }
 
+// totals: each written row's floats summed as doubles in id order (what verification sums),
+// 0 for a failed row; the rows and tokens are those of the calls without totals, both draws.
+TEST(SamplingBatchCpu, TotalsAreTheWrittenRowsSums) {
+  std::mt19937_64 g(29);
+  SamplingCase c = random_sampling_case(&g, 120, 300);
+  mark_edge_rows(&c, &g, [](float* row, int32_t at) { row[at] = INFINITY; });
+  const auto n = static_cast<std::size_t>(c.rows);
+  const auto size = n * static_cast<std::size_t>(c.vocab);
+  std::vector<float> probs(size), plain_probs(size);
+  std::vector<int32_t> st(n), plain_st(n), tokens(n), plain_tokens(n);
+  std::vector<double> totals(n, -1.0);
+  SPECD_ASSERT_OK(sampling_probs_batch_cpu(c.view(), c.params.data(), probs.data(), st.data(), totals.data()));
+  SPECD_ASSERT_OK(sampling_probs_batch_cpu(c.view(), c.params.data(), plain_probs.data(), plain_st.data()));
+  EXPECT_EQ(probs, plain_probs);
+  EXPECT_EQ(st, plain_st);
+  std::vector<double> want(n, 0.0);
+  int32_t failed = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    for (int32_t i = 0; i < c.vocab; ++i) want[r] += static_cast<double>(probs[r * static_cast<std::size_t>(c.vocab) + i]);
+    failed += st[r] != 0;
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_EQ(totals, want);
+  for (const DrawRule draw : {DrawRule::kInverseCdf, DrawRule::kGumbelMax}) {
+    std::fill(totals.begin(), totals.end(), -1.0);
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), tokens.data(), probs.data(),
+                                                st.data(), draw, totals.data()));
+    SPECD_ASSERT_OK(sample_tokens_and_probs_cpu(c.view(), c.params.data(), c.keys.data(), plain_tokens.data(),
+                                                plain_probs.data(), plain_st.data(), draw));
+    EXPECT_EQ(tokens, plain_tokens) << static_cast<int>(draw);
+    EXPECT_EQ(probs, plain_probs) << static_cast<int>(draw);
+    EXPECT_EQ(totals, want) << static_cast<int>(draw);
+  }
+}
+
 TEST(SamplingBatchCpu, ReportsBadRowsPerRow) {
   SamplingCase c;
   c.rows = 5;

@@ -32,7 +32,23 @@ struct GpuSampling {
   std::vector<float> probs;
   std::vector<int32_t> both_tokens, both_status;  // sample_tokens_and_probs
   std::vector<float> both_probs;
+  std::vector<double> both_totals;  // its rows' totals
 };
+
+// The rows' totals the kernels write agree with the rows: each a sum of the row's floats
+// (in the kernel's order: within 1e-12 relative of the sequential sum; 0 for a failed row).
+void expect_totals_match_rows(const std::vector<double>& totals, const std::vector<float>& probs,
+                              const std::vector<int32_t>& status, int32_t vocab, const std::string& what) {
+  for (std::size_t r = 0; r < totals.size(); ++r) {
+    double want = 0;
+    for (int32_t i = 0; i < vocab; ++i) want += static_cast<double>(probs[r * static_cast<std::size_t>(vocab) + i]);
+    if (status[r] != 0) {
+      EXPECT_EQ(totals[r], 0.0) << what << " row " << r;
+    } else {
+      EXPECT_NEAR(totals[r], want, 1e-12 * want) << what << " row " << r;
+    }
+  }
+}
 
 constexpr cuda::RowSplit kSplits[] = {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster};
 
@@ -54,15 +70,16 @@ void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCa
   DeviceBuffer<int32_t> both_tokens(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
   DeviceBuffer<int32_t> st3(std::vector<int32_t>(static_cast<std::size_t>(c.rows), 99));
   DeviceBuffer<float> both_probs(std::vector<float>(static_cast<std::size_t>(c.rows) * c.vocab, -1.0f));
+  DeviceBuffer<double> both_totals(std::vector<double>(static_cast<std::size_t>(c.rows), -1.0));
   ASSERT_TRUE(logits.get() && params.get() && keys.get() && tokens.get() && st1.get() && st2.get() && probs.get() &&
-              both_tokens.get() && st3.get() && both_probs.get());
+              both_tokens.get() && st3.get() && both_probs.get() && both_totals.get());
   rows.data = logits.get();
   cudaStream_t stream = nullptr;
   SPECD_CUDA_OK(cudaStreamCreate(&stream));
   SPECD_CUDA_OK(cuda::sample_tokens(rows, params.get(), keys.get(), tokens.get(), st1.get(), stream, split));
   SPECD_CUDA_OK(cuda::sampling_probs_batch(rows, params.get(), probs.get(), st2.get(), stream, split));
   SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), both_tokens.get(), both_probs.get(),
-                                              st3.get(), stream, split));
+                                              st3.get(), stream, split, DrawRule::kInverseCdf, both_totals.get()));
   SPECD_CUDA_OK(cudaStreamSynchronize(stream));
   SPECD_CUDA_OK(cudaStreamDestroy(stream));
   out->tokens = tokens.to_host();
@@ -72,6 +89,7 @@ void run_gpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCa
   out->both_tokens = both_tokens.to_host();
   out->both_status = st3.to_host();
   out->both_probs = both_probs.to_host();
+  out->both_totals = both_totals.to_host();
 }
 
 // Distance in float ulps (same sign assumed: probabilities are >= 0).
@@ -96,6 +114,7 @@ void expect_gpu_matches(const SamplingCase& decoded, const LogitRows& cpu_rows, 
   EXPECT_EQ(gpu.both_status, gpu.token_status) << what;
   EXPECT_EQ(gpu.both_tokens, gpu.tokens) << what;
   EXPECT_TRUE(gpu.both_probs == gpu.probs) << what << ": sample_tokens_and_probs' rows differ from sampling_probs_batch's";
+  expect_totals_match_rows(gpu.both_totals, gpu.both_probs, gpu.both_status, decoded.vocab, what + ", totals");
   ASSERT_TRUE(sampling_probs_batch_cpu(cpu_rows, decoded.params.data(), cpu_probs.data(), cpu_status.data()).ok());
   int64_t worst = 0;
   for (std::size_t k = 0; k < cpu_probs.size(); ++k) worst = std::max(worst, ulps(gpu.probs[k], cpu_probs[k]));
@@ -245,10 +264,11 @@ void expect_gumbel_probs_match_cpu(const std::vector<T>& host_logits, LogitRows 
     DeviceBuffer<int32_t> tokens(std::vector<int32_t>(n, 99)), status(std::vector<int32_t>(n, 99));
     DeviceBuffer<int32_t> icdf_tokens(std::vector<int32_t>(n, 99)), icdf_status(std::vector<int32_t>(n, 99));
     DeviceBuffer<float> probs(std::vector<float>(cells, -1.0f)), icdf_probs(std::vector<float>(cells, -2.0f));
-    ASSERT_TRUE(logits.get() && tokens.get() && probs.get() && icdf_probs.get());
+    DeviceBuffer<double> totals(std::vector<double>(n, -1.0));
+    ASSERT_TRUE(logits.get() && tokens.get() && probs.get() && icdf_probs.get() && totals.get());
     rows.data = logits.get();
     SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), tokens.get(), probs.get(),
-                                                status.get(), nullptr, split, DrawRule::kGumbelMax));
+                                                status.get(), nullptr, split, DrawRule::kGumbelMax, totals.get()));
     SPECD_CUDA_OK(cuda::sample_tokens_and_probs(rows, params.get(), keys.get(), icdf_tokens.get(), icdf_probs.get(),
                                                 icdf_status.get(), nullptr, split));
     SPECD_CUDA_OK(cudaDeviceSynchronize());
@@ -256,6 +276,8 @@ void expect_gumbel_probs_match_cpu(const std::vector<T>& host_logits, LogitRows 
     const std::vector<int32_t> got_tokens = tokens.to_host();
     EXPECT_EQ(status.to_host(), cpu_status) << what << ", " << split_name(split);
     EXPECT_TRUE(got_probs == icdf_probs.to_host()) << what << ", " << split_name(split) << ": rows differ";
+    expect_totals_match_rows(totals.to_host(), got_probs, status.to_host(), c.vocab,
+                             what + ", " + split_name(split) + ", totals");
     int32_t equal_rows = 0;
     for (std::size_t r = 0; r < n; ++r) {
       const auto at = static_cast<std::ptrdiff_t>(r * static_cast<std::size_t>(c.vocab));

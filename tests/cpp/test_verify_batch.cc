@@ -130,12 +130,12 @@ void run_threaded_batch(const VerifyCase& c, VerifyKind kind, int32_t threads, B
               return *token < 0 ? VerifyStatus::kBadToken : VerifyStatus::kOk;
             });
           case VerifyKind::kStochastic:
-            return detail::stochastic_walk(b, n, e, c.target_rows(), c.draft_rows(), c.sampling,
+            return detail::stochastic_walk(b, n, e, c.target_rows(), c.draft_rows(), {}, c.sampling,
                                            c.keys[static_cast<std::size_t>(r)], rejected);
           case VerifyKind::kStochasticNoDraft:
             break;
         }
-        return detail::stochastic_walk(b, n, e, c.target_rows(), ProbRows{}, c.sampling,
+        return detail::stochastic_walk(b, n, e, c.target_rows(), ProbRows{}, {}, c.sampling,
                                        c.keys[static_cast<std::size_t>(r)], rejected);
       });
     });
@@ -177,6 +177,121 @@ TEST_P(VerifyBatchCpu, SeveralThreadsPerRequestMatchOneThread) {
       EXPECT_EQ(threaded.path, serial.path) << what;
     }
   }
+}
+
+// Draft rows found through draft_index (shuffled among junk rows, none for the leaves) give
+// the results of the node-ordered rows; a node with children and no row is kBadDraftRow.
+TEST(VerifyBatchCpuDraftIndex, IndexedRowsGiveTheNodeOrderedResults) {
+  for (const Proposal how : {Proposal::kDraftWithoutReplacement, Proposal::kDraftIndependent}) {
+    const BatchRun run = make_run(500, 90, 40, how, VerifyKind::kStochastic);
+    const VerifyCase& c = run.c;
+    BatchOutputs want(c.batch(), c.num_nodes()), got(c.batch(), c.num_nodes());
+    run_cpu(run, VerifyKind::kStochastic, &want);
+    IndexedDraft d = shuffled_draft(c, 7);
+    const ProbRows rows = d.view(c);
+    SPECD_ASSERT_OK(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &rows, c.sampling, c.keys.data(), got.view(),
+                                                StochasticRowOptions{d.index.data()}));
+    EXPECT_EQ(got.status, want.status);
+    EXPECT_EQ(got.num_accepted, want.num_accepted);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.path, want.path);
+    // Request 0's root loses its row (-1, then past the rows): only request 0 fails.
+    ASSERT_EQ(c.parents[1], 0);  // its root has children
+    for (const int32_t bad : {-1, d.num_rows}) {
+      d.index[0] = bad;
+      BatchOutputs broken(c.batch(), c.num_nodes());
+      SPECD_ASSERT_OK(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &rows, c.sampling, c.keys.data(),
+                                                  broken.view(), StochasticRowOptions{d.index.data()}));
+      EXPECT_EQ(broken.status[0], static_cast<int32_t>(VerifyStatus::kBadDraftRow)) << bad;
+      EXPECT_EQ(broken.num_accepted[0], 0);
+      EXPECT_EQ(std::vector<int32_t>(broken.status.begin() + 1, broken.status.end()),
+                std::vector<int32_t>(want.status.begin() + 1, want.status.end()));
+      EXPECT_EQ(std::vector<int32_t>(broken.tokens.begin() + c.offsets[1], broken.tokens.end()),
+                std::vector<int32_t>(want.tokens.begin() + c.offsets[1], want.tokens.end()));
+    }
+  }
+}
+
+// Row totals given (the sums the walk computes, as the sampling kernels write them) give the
+// same results, with draft_index too, for every request, the bad ones included (a NaN row
+// has a NaN total; a zero row a zero total).
+TEST(VerifyBatchCpuTotals, GivenTotalsGiveTheSameResults) {
+  for (const auto& [how, kind] : {std::pair{Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic},
+                                  std::pair{Proposal::kDraftIndependent, VerifyKind::kStochastic},
+                                  std::pair{Proposal::kOneHot, VerifyKind::kStochasticNoDraft}}) {
+    const BatchRun run = make_run(700, 90, 40, how, kind);
+    const VerifyCase& c = run.c;
+    const bool has_draft = kind == VerifyKind::kStochastic;
+    BatchOutputs want(c.batch(), c.num_nodes()), got(c.batch(), c.num_nodes());
+    run_cpu(run, kind, &want);
+    const std::vector<double> p_totals = row_totals(c.target, c.num_nodes(), c.vocab, c.stride);
+    const std::vector<double> q_totals = row_totals(c.draft, c.num_nodes(), c.vocab, c.stride);
+    const ProbRows q = c.draft_rows();
+    SPECD_ASSERT_OK(verify_stochastic_batch_cpu(
+        c.view(), c.target_rows(), has_draft ? &q : nullptr, c.sampling, c.keys.data(), got.view(),
+        StochasticRowOptions{nullptr, p_totals.data(), has_draft ? q_totals.data() : nullptr}));
+    EXPECT_EQ(got.status, want.status);
+    EXPECT_EQ(got.num_accepted, want.num_accepted);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.path, want.path);
+    expect_error_codes(run, got);
+    if (!has_draft) continue;
+    const IndexedDraft d = shuffled_draft(c, 3);
+    const std::vector<double> d_totals = row_totals(d.rows, d.num_rows, c.vocab, c.stride);
+    const ProbRows rows = d.view(c);
+    BatchOutputs both(c.batch(), c.num_nodes());
+    SPECD_ASSERT_OK(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &rows, c.sampling, c.keys.data(), both.view(),
+                                                StochasticRowOptions{d.index.data(), p_totals.data(), d_totals.data()}));
+    EXPECT_EQ(both.status, want.status);
+    EXPECT_EQ(both.tokens, want.tokens);
+    EXPECT_EQ(both.path, want.path);
+  }
+}
+
+// With totals the walk does not read a row whole before using it, so it validates what it
+// reads: a bad total, a bad drafted entry, a bad entry met by a rejection's pass or the final
+// draw's: that request's status, the others unchanged.
+TEST(VerifyBatchCpuTotals, BadTotalsAndEntriesFailTheirRequest) {
+  // One request: root -> token 1. p = q = uniform over 4 tokens: the draft is accepted
+  // with probability 1 (u * q < p), then the bonus is drawn from the leaf's row.
+  const std::vector<int32_t> offsets{0, 2}, parents{-1, 0}, tokens{0, 1};
+  const TreeBatchView trees{offsets.data(), parents.data(), tokens.data(), 1, 2};
+  const std::vector<RngKey> keys{RngKey{3, 1, 0, 5}};
+  const auto run = [&](std::vector<float> p, std::vector<float> q, std::vector<double> pt, std::vector<double> qt) {
+    std::vector<int32_t> out_tokens(2), path(2), accepted(1), status(1);
+    const ProbRows pr{p.data(), 2, 4, 4}, qr{q.data(), 2, 4, 4};
+    EXPECT_TRUE(verify_stochastic_batch_cpu(trees, pr, &qr, DraftSampling::kIndependent, keys.data(),
+                                            VerifyOutputs{out_tokens.data(), path.data(), accepted.data(),
+                                                          status.data(), 0},
+                                            StochasticRowOptions{nullptr, pt.data(), qt.data()})
+                    .ok());
+    return static_cast<VerifyStatus>(status[0]);
+  };
+  const std::vector<float> u(8, 0.25f);
+  const std::vector<double> ones{1.0, 1.0};
+  EXPECT_EQ(run(u, u, ones, ones), VerifyStatus::kOk);
+  EXPECT_EQ(run(u, u, {NAN, 1.0}, ones), VerifyStatus::kBadTargetRow);
+  EXPECT_EQ(run(u, u, {0.0, 1.0}, ones), VerifyStatus::kBadTargetRow);
+  EXPECT_EQ(run(u, u, ones, {-1.0, 1.0}), VerifyStatus::kBadDraftRow);
+  std::vector<float> bad = u;
+  bad[1] = NAN;  // the drafted token's entry at the root
+  EXPECT_EQ(run(bad, u, ones, ones), VerifyStatus::kBadTargetRow);
+  EXPECT_EQ(run(u, bad, ones, ones), VerifyStatus::kBadDraftRow);
+  bad = u;
+  bad[4 + 2] = -0.5f;  // an entry of the leaf's row, met by the bonus draw's pass
+  EXPECT_EQ(run(bad, u, ones, ones), VerifyStatus::kBadTargetRow);
+  // A rejection's pass: the root's draft puts all its mass on token 1, the target none.
+  std::vector<float> p = u, q(8, 0.0f);
+  p[1] = 0.0f;
+  q[1] = 1.0f;
+  q[4] = 1.0f;
+  EXPECT_EQ(run(p, q, {0.75, 1.0}, ones), VerifyStatus::kOk);
+  std::vector<float> q_bad = q;
+  q_bad[3] = INFINITY;  // not the drafted entry: met by the rejection's pass only
+  EXPECT_EQ(run(p, q_bad, {0.75, 1.0}, ones), VerifyStatus::kBadDraftRow);
+  std::vector<float> p_bad = p;
+  p_bad[2] = NAN;
+  EXPECT_EQ(run(p_bad, q, {0.75, 1.0}, ones), VerifyStatus::kBadTargetRow);
 }
 
 // The losslessness harness of the GPU test, run on the batched CPU version.
@@ -222,6 +337,21 @@ TEST(VerifyBatchCpuValidation, RejectsBadSizesAndPointers) {
   SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &other_vocab, c.sampling, c.keys.data(),
                                                 out.view()), kInvalidArgument);
   SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), nullptr, c.sampling, nullptr, out.view()),
+                    kInvalidArgument);
+  // An index needs draft rows; with one, fewer draft rows than nodes are fine.
+  const std::vector<int32_t> index(static_cast<std::size_t>(c.num_nodes()), -1);
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), nullptr, c.sampling, c.keys.data(),
+                                                out.view(), StochasticRowOptions{index.data()}), kInvalidArgument);
+  ProbRows few = c.draft_rows();
+  few.rows = 1;
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &few, c.sampling, c.keys.data(), out.view()),
+                    kInvalidArgument);
+  SPECD_ASSERT_OK(verify_stochastic_batch_cpu(c.view(), c.target_rows(), &few, c.sampling, c.keys.data(), out.view(),
+                                              StochasticRowOptions{index.data()}));
+  // Draft totals need draft rows too.
+  const std::vector<double> totals(static_cast<std::size_t>(c.num_nodes()), 1.0);
+  SPECD_EXPECT_CODE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), nullptr, c.sampling, c.keys.data(),
+                                                out.view(), StochasticRowOptions{nullptr, nullptr, totals.data()}),
                     kInvalidArgument);
   VerifyOutputs no_status = out.view();
   no_status.status = nullptr;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "block_manager_test_util.h"
 #include "cuda_test_util.h"
 #include "specd/cuda/verify.h"
 #include "specd/verify_batch.h"
@@ -24,11 +25,27 @@
 namespace specd::testing {
 namespace {
 
+// Host versions of StochasticRowOptions for run_gpu (null: not given).
+struct HostRowOptions {
+  const IndexedDraft* indexed = nullptr;  // kStochastic's draft rows through its draft_index
+  const std::vector<double>* target_totals = nullptr;
+  const std::vector<double>* draft_totals = nullptr;
+};
+
 // Uploads the run's inputs, runs the kernel of `kind` (stochastic kinds with `split`), downloads `out`.
 void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true,
-             cuda::RowSplit split = cuda::RowSplit::kOneBlock) {
+             cuda::RowSplit split = cuda::RowSplit::kOneBlock, const HostRowOptions& host_options = {}) {
+  const IndexedDraft* indexed = host_options.indexed;
   DeviceBuffer<int32_t> offsets(c.offsets), parents(c.parents), tokens(c.tokens), target_tokens(c.target_tokens);
-  DeviceBuffer<float> target(c.target), draft(c.draft), logits(c.logits);
+  DeviceBuffer<float> target(c.target), draft(indexed != nullptr ? indexed->rows : c.draft), logits(c.logits);
+  DeviceBuffer<int32_t> draft_index(indexed != nullptr ? indexed->index : std::vector<int32_t>{0});
+  const std::vector<double> none{0.0};
+  const auto* tt = host_options.target_totals;
+  const auto* dt = host_options.draft_totals;
+  DeviceBuffer<double> target_totals(tt != nullptr ? *tt : none), draft_totals(dt != nullptr ? *dt : none);
+  const StochasticRowOptions options{indexed != nullptr ? draft_index.get() : nullptr,
+                                     tt != nullptr ? target_totals.get() : nullptr,
+                                     dt != nullptr ? draft_totals.get() : nullptr};
   DeviceBuffer<RngKey> keys(c.keys);
   DeviceBuffer<int32_t> o_tokens(out->tokens), o_path(out->path), o_accepted(out->num_accepted), o_status(out->status);
   ASSERT_TRUE(offsets.get() && parents.get() && tokens.get() && target_tokens.get() && target.get() && draft.get() &&
@@ -36,7 +53,8 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
   const TreeBatchView trees{offsets.get(), parents.get(), tokens.get(), c.batch(), c.num_nodes()};
   const VerifyOutputs o{o_tokens.get(), with_path ? o_path.get() : nullptr, o_accepted.get(), o_status.get(),
                         out->stride};
-  const ProbRows p{target.get(), c.num_nodes(), c.vocab, c.stride}, q{draft.get(), c.num_nodes(), c.vocab, c.stride};
+  const ProbRows p{target.get(), c.num_nodes(), c.vocab, c.stride},
+      q{draft.get(), indexed != nullptr ? indexed->num_rows : c.num_nodes(), c.vocab, c.stride};
   cudaStream_t stream = nullptr;
   SPECD_CUDA_OK(cudaStreamCreate(&stream));
   switch (kind) {
@@ -48,10 +66,11 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
       SPECD_CUDA_OK(cuda::verify_greedy_tokens_batch(trees, target_tokens.get(), o, stream));
       break;
     case VerifyKind::kStochastic:
-      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, &q, c.sampling, keys.get(), o, stream, split));
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, &q, c.sampling, keys.get(), o, stream, split, options));
       break;
     case VerifyKind::kStochasticNoDraft:
-      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, nullptr, c.sampling, keys.get(), o, stream, split));
+      SPECD_CUDA_OK(cuda::verify_stochastic_batch(trees, p, nullptr, c.sampling, keys.get(), o, stream, split,
+                                                  StochasticRowOptions{nullptr, options.target_totals, nullptr}));
       break;
   }
   SPECD_CUDA_OK(cudaStreamSynchronize(stream));
@@ -105,6 +124,45 @@ INSTANTIATE_TEST_SUITE_P(
                       KindCase{"draft_independent", Proposal::kDraftIndependent, VerifyKind::kStochastic},
                       KindCase{"one_hot", Proposal::kOneHot, VerifyKind::kStochasticNoDraft}),
     [](const ::testing::TestParamInfo<KindCase>& info) { return std::string(info.param.name); });
+
+// Draft rows found through draft_index (shuffled among NaN rows, none for the leaves), and
+// with the rows' totals given: the CPU's results with the same options, which equal those
+// of node-ordered rows summed by the walk (test_verify_batch.cc).
+void expect_row_options_match_cpu(const BatchRun& run, const IndexedDraft& d, const HostRowOptions& given,
+                                  const std::string& what) {
+  const ProbRows rows = d.view(run.c);
+  BatchOutputs cpu(run.c.batch(), run.c.num_nodes());
+  SPECD_ASSERT_OK(verify_stochastic_batch_cpu(
+      run.c.view(), run.c.target_rows(), &rows, run.c.sampling, run.c.keys.data(), cpu.view(),
+      StochasticRowOptions{d.index.data(), given.target_totals != nullptr ? given.target_totals->data() : nullptr,
+                           given.draft_totals != nullptr ? given.draft_totals->data() : nullptr}));
+  for (cuda::RowSplit split : splits_of(VerifyKind::kStochastic)) {
+    BatchOutputs gpu(run.c.batch(), run.c.num_nodes());
+    run_gpu(run.c, VerifyKind::kStochastic, &gpu, true, split, given);
+    if (::testing::Test::HasFatalFailure()) return;
+    EXPECT_EQ(gpu.status, cpu.status) << what << split_name(split);
+    EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << what << split_name(split);
+    EXPECT_EQ(gpu.tokens, cpu.tokens) << what << split_name(split);
+    EXPECT_EQ(gpu.path, cpu.path) << what << split_name(split);
+    EXPECT_EQ(compare_verify(run.c, run.want, gpu, what), 0);
+  }
+}
+
+TEST(VerifyCudaRowOptions, IndexedRowsAndTotalsMatchCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  for (const Proposal how : {Proposal::kDraftWithoutReplacement, Proposal::kDraftIndependent}) {
+    for (int32_t vocab : {33, 32000}) {
+      const BatchRun run = make_run(600 + static_cast<uint64_t>(vocab), vocab >= 32000 ? 24 : 120, vocab, how,
+                                    VerifyKind::kStochastic);
+      const IndexedDraft d = shuffled_draft(run.c, 11);
+      const std::vector<double> p_totals = row_totals(run.c.target, run.c.num_nodes(), vocab, run.c.stride);
+      const std::vector<double> d_totals = row_totals(d.rows, d.num_rows, vocab, run.c.stride);
+      const std::string what = "vocab " + std::to_string(vocab);
+      expect_row_options_match_cpu(run, d, HostRowOptions{&d}, what);
+      expect_row_options_match_cpu(run, d, HostRowOptions{&d, &p_totals, &d_totals}, what + ", totals");
+    }
+  }
+}
 
 TEST_P(VerifyCuda, PaddedOutputsMatchCpu) {
   SPECD_SKIP_WITHOUT_GPU();

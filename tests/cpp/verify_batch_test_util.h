@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -344,6 +345,56 @@ inline void run_cpu(const BatchRun& run, VerifyKind kind, BatchOutputs* out) {
       ASSERT_TRUE(verify_stochastic_batch_cpu(c.view(), c.target_rows(), nullptr, c.sampling, c.keys.data(), out->view()).ok());
       break;
   }
+}
+
+// The case's draft rows moved into a larger buffer in a shuffled order, among rows of junk
+// (NaN), with the draft_index that finds them (verify_batch.h): nodes without children get
+// -1 and no row, as the draft loop's leaves do.
+struct IndexedDraft {
+  std::vector<float> rows;     // [num_rows, stride]
+  std::vector<int32_t> index;  // [num_nodes]
+  int32_t num_rows = 0;
+  ProbRows view(const VerifyCase& c) const { return ProbRows{rows.data(), num_rows, c.vocab, c.stride}; }
+};
+
+inline IndexedDraft shuffled_draft(const VerifyCase& c, uint64_t seed) {
+  // (the error requests' offsets and parents may be anything: only valid ones are followed)
+  std::vector<bool> has_children(static_cast<std::size_t>(c.num_nodes()), false);
+  for (int32_t r = 0; r < c.batch(); ++r) {
+    const int32_t begin = c.offsets[static_cast<std::size_t>(r)], end = c.offsets[static_cast<std::size_t>(r) + 1];
+    if (begin < 0 || end > c.num_nodes()) continue;
+    for (int32_t v = begin + 1; v < end; ++v) {
+      const int32_t parent = c.parents[static_cast<std::size_t>(v)];
+      if (parent >= 0 && parent < v - begin) has_children[static_cast<std::size_t>(begin + parent)] = true;
+    }
+  }
+  IndexedDraft d;
+  d.num_rows = c.num_nodes() + 7;
+  d.rows.assign(static_cast<std::size_t>(d.num_rows) * static_cast<std::size_t>(c.stride),
+                std::numeric_limits<float>::quiet_NaN());
+  std::vector<int32_t> slot(static_cast<std::size_t>(d.num_rows));
+  for (std::size_t i = 0; i < slot.size(); ++i) slot[i] = static_cast<int32_t>(i);
+  std::mt19937_64 g(seed);
+  std::shuffle(slot.begin(), slot.end(), g);
+  d.index.assign(static_cast<std::size_t>(c.num_nodes()), -1);
+  for (int32_t n = 0; n < c.num_nodes(); ++n) {
+    if (!has_children[static_cast<std::size_t>(n)]) continue;
+    const int32_t row = slot[static_cast<std::size_t>(n)];
+    d.index[static_cast<std::size_t>(n)] = row;
+    std::copy_n(c.draft.begin() + static_cast<std::ptrdiff_t>(n) * c.stride, c.stride,
+                d.rows.begin() + static_cast<std::ptrdiff_t>(row) * c.stride);
+  }
+  return d;
+}
+
+// Each of the first `rows` rows' total: its floats summed as doubles in id order (what
+// sampling_probs_batch_cpu writes as totals, and what the walk's one-thread sum gives).
+inline std::vector<double> row_totals(const std::vector<float>& data, int32_t rows, int32_t vocab, int64_t stride) {
+  std::vector<double> totals(static_cast<std::size_t>(rows), 0.0);
+  for (int32_t r = 0; r < rows; ++r)
+    for (int32_t i = 0; i < vocab; ++i)
+      totals[static_cast<std::size_t>(r)] += static_cast<double>(data[static_cast<std::size_t>(r * stride + i)]);
+  return totals;
 }
 
 struct KindCase {

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specd import _core
-from specd.engine.batch_verify import verify_inputs
+from specd.engine.batch_verify import _draft_rows, verify_inputs
 from specd.engine.params import SamplingParams
 from specd.errors import InvalidArgumentError
 from specd.verification import TokenTree, verify, verify_greedy_tokens
@@ -107,6 +107,38 @@ def test_a_step_with_only_one_kind_of_request():
         sub = [items[i] for i in keep]
         rows = torch.cat([logits[starts[i]:starts[i + 1]] for i in keep])
         _check(sub, trees, {k: v for k, v in dists.items() if k in keep}, rows)
+
+
+def test_draft_rows_left_in_the_runners_buffer_are_read_in_place():
+    """The draft graph runner leaves a call's distributions in one [steps, batch, vocab] buffer
+    and hands out views (no leaf rows): verification reads them there through draft_index, with
+    no copy, and gives the results of separate node-ordered rows."""
+    items, trees, dists, logits = _case(11)
+    drafted = sorted(dists)
+    buf = torch.full((6, len(drafted) + 2, VOCAB), float("nan"))  # junk around the rows used
+    views = {}
+    for c, rid in enumerate(drafted):
+        k = len(trees[rid]) - 1  # a chain's nodes with children
+        buf[1:k + 1, c + 1] = dists[rid][:k]
+        views[rid] = buf[1:k + 1, c + 1]
+    offsets = np.array([0] + list(np.cumsum([len(trees[r]) for r in drafted])), dtype=np.int32)
+    base, index = _draft_rows([views[r] for r in drafted], offsets)
+    assert base.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()  # no copy
+    for i, rid in enumerate(drafted):
+        k = len(trees[rid]) - 1
+        rows = index[offsets[i]:offsets[i + 1]]
+        assert rows[-1] == -1  # the leaf has no row
+        assert torch.equal(base[torch.from_numpy(rows[:k]).long()], dists[rid][:k])
+    got = verify_inputs(items, trees, logits, views)
+    want = _reference(items, trees, dists, logits)
+    for it in items:
+        g, w = got[it.request.id].verify(trees[it.request.id]), want[it.request.id]
+        assert list(g.tokens) == list(w.tokens) and list(g.path) == list(w.path), it.request.id
+    # Rows of separate tensors are concatenated, each request's from its first node.
+    separate = [dists[r][:len(trees[r]) - 1].clone() for r in drafted]
+    cat, index = _draft_rows(separate, offsets)
+    assert cat.untyped_storage().data_ptr() not in {d.untyped_storage().data_ptr() for d in separate}
+    assert torch.equal(cat[torch.from_numpy(index[index >= 0]).long()], torch.cat(separate))
 
 
 def test_bfloat16_logits_are_read_as_their_float32_values():

@@ -230,22 +230,22 @@ def test_gpu_graph_replay_equals_eager_loop_without_host_sync(pair, monkeypatch,
     real_run, checked = graph_runner.run, []
 
     def run(items, first_tokens=None, on_forward=None):
-        want, want_q = (t.clone() if t is not None else None for t in eager_runner.run(items, first_tokens))
+        want, want_q, want_t = (t.clone() if t is not None else None for t in eager_runner.run(items, first_tokens))
         sampling = any(not it.request.params.greedy for it in items)
         width = 0 if first_tokens is not None else graph_runner.catch_up_width(items)
         graph_runner._graphs_for(graph_runner.bucket(len(items)), width, max(it.k for it in items), sampling)  # capture
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got, got_q = real_run(items, first_tokens, on_forward)  # fill + replay: no host sync allowed
+            got, got_q, got_t = real_run(items, first_tokens, on_forward)  # fill + replay: no host sync allowed
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert torch.equal(got, want)
         if want_q is not None:
-            assert torch.equal(got_q, want_q)
+            assert torch.equal(got_q, want_q) and torch.equal(got_t, want_t)
         counts = {it.request.length - it.request.computed[DRAFT] for it in items}
         checked.append((len(items), width, len(counts)))
-        return got, got_q
+        return got, got_q, got_t
 
     monkeypatch.setattr(graph_runner, "run", run)
     assert [o.token_ids for o in llm.generate(prompts, greedy)] == baseline

@@ -367,6 +367,143 @@ def test_verification_equals_references(out_stride):
             assert (row_t[n + 1:] == -1).all() and (row_p[n + 1:] == -1).all(), name
 
 
+def _indexed_draft(rng, offsets, parents, draft):
+    """``draft``'s rows shuffled into a larger buffer among NaN rows, and the draft_index that
+    finds them: -1 for the nodes without children (the draft loop's leaves), which need none."""
+    nodes, vocab = draft.shape
+    has_children = np.zeros(nodes, dtype=bool)
+    for r in range(len(offsets) - 1):
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        for v in range(a + 1, b):
+            has_children[a + int(parents[v])] = True
+    slots = rng.permutation(nodes + 5)[:nodes]
+    buf = torch.full((nodes + 5, vocab), float("nan"))
+    buf[slots[has_children]] = draft[torch.from_numpy(has_children)]
+    return buf, torch.from_numpy(np.where(has_children, slots, -1).astype(np.int32))
+
+
+def test_verify_stochastic_finds_draft_rows_through_draft_index():
+    """draft_index: the draft rows where they lie (shuffled, leaves without a row) give the
+    results of node-ordered rows; a node with children and no row is status 4 (kBadDraftRow)
+    for its request alone."""
+    rng = np.random.default_rng(21)
+    vocab = 30
+    _, offsets, parents, tokens = random_trees(rng, 6, vocab)
+    nodes = int(offsets[-1])
+    target = torch.softmax(torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2), -1)
+    draft = torch.softmax(torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2), -1)
+    keys = ops.pack_rng_keys(torch.tensor(5), torch.arange(6), torch.tensor(0), torch.arange(6) * 3)
+    buf, index = _indexed_draft(rng, offsets, parents, draft)
+    for sampling in ("without_replacement", "independent"):
+        want = ops.verify_stochastic(offsets, parents, tokens, target, draft, keys, sampling)
+        got = ops.verify_stochastic(offsets, parents, tokens, target, buf, keys, sampling, draft_index=index)
+        assert not want[3].any()
+        for w, g in zip(want, got):
+            assert torch.equal(g, w), sampling
+    r = next(r for r in range(6) if index[int(offsets[r])] >= 0)  # a request whose root has children
+    broken = index.clone()
+    broken[int(offsets[r])] = -1  # without its root's row, request r alone fails
+    _, _, accepted, status = ops.verify_stochastic(offsets, parents, tokens, target, buf, keys, draft_index=broken)
+    assert status.tolist() == [4 if q == r else 0 for q in range(6)] and accepted[r] == 0
+    with pytest.raises(errors.InvalidArgumentError, match="draft_index and draft_totals need draft_probs"):
+        ops.verify_stochastic(offsets, parents, tokens, target, None, keys, draft_index=index)
+    with pytest.raises(errors.InvalidArgumentError, match="draft_index must have shape"):
+        ops.verify_stochastic(offsets, parents, tokens, target, buf, keys, draft_index=index[1:])
+
+
+def _sequential_totals(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's floats summed as doubles in id order (what the kernels' totals are on the CPU)."""
+    out = []
+    for row in rows.tolist():
+        t = 0.0
+        for v in row:
+            t += v
+        out.append(t)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_row_totals_from_the_sampling_ops_feed_verify_stochastic():
+    """totals: each written row's sum, from sampling_probs and sample_tokens_and_probs_out (both
+    draws, the rows and tokens unchanged); verify_stochastic with totals (and draft_index) gives
+    the results of summing the rows itself, and a bad total fails its request alone."""
+    rng = np.random.default_rng(22)
+    vocab = 40
+    logits = torch.from_numpy(rng.standard_normal((9, vocab)).astype(np.float32) * 2)
+    params = param_rows([PARAMS[i % len(PARAMS)] for i in range(9)])
+    keys = ops.pack_rng_keys(torch.tensor(4), torch.arange(9), torch.tensor(0), torch.tensor(7))
+    totals = torch.full((9,), -1.0, dtype=torch.float64)
+    probs, _ = ops.sampling_probs(logits, params, totals=totals)
+    assert torch.equal(probs, ops.sampling_probs(logits, params)[0])
+    assert torch.equal(totals, _sequential_totals(probs))
+    for gumbel in (False, True):
+        rows, written = torch.empty(9, vocab), torch.full((9,), -1.0, dtype=torch.float64)
+        drawn, _ = ops.sample_tokens_and_probs_out(logits, params, keys, rows, gumbel=gumbel, totals=written)
+        assert torch.equal(rows, probs) and torch.equal(written, totals)
+        assert torch.equal(drawn, ops.sample_tokens_and_probs_out(logits, params, keys, torch.empty(9, vocab),
+                                                                  gumbel=gumbel)[0])
+    _, offsets, parents, tokens = random_trees(rng, 6, vocab)
+    nodes, batch = int(offsets[-1]), 6
+    target = torch.softmax(torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2), -1)
+    draft = torch.softmax(torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2), -1)
+    t_totals, d_totals = _sequential_totals(target), _sequential_totals(draft)
+    rkeys = ops.pack_rng_keys(torch.tensor(5), torch.arange(batch), torch.tensor(0), torch.arange(batch) * 3)
+    buf, index = _indexed_draft(rng, offsets, parents, draft)
+    b_totals = _sequential_totals(torch.nan_to_num(buf))
+    for sampling in ("without_replacement", "independent"):
+        for d, extra in ((draft, dict(draft_totals=d_totals)),
+                         (buf, dict(draft_index=index, draft_totals=b_totals)), (None, {})):
+            want = ops.verify_stochastic(offsets, parents, tokens, target, d, rkeys, sampling,
+                                         draft_index=extra.get("draft_index"))
+            got = ops.verify_stochastic(offsets, parents, tokens, target, d, rkeys, sampling, target_totals=t_totals,
+                                        **extra)
+            assert not want[3].any()
+            for w, g in zip(want, got):
+                assert torch.equal(g, w), (sampling, sorted(extra))
+    bad = t_totals.clone()
+    bad[int(offsets[1])] = float("nan")  # request 1's root
+    status = ops.verify_stochastic(offsets, parents, tokens, target, draft, rkeys, target_totals=bad)[3]
+    assert status.tolist() == [3 if r == 1 else 0 for r in range(batch)]
+    with pytest.raises(errors.InvalidArgumentError, match="target_totals must be torch.float64"):
+        ops.verify_stochastic(offsets, parents, tokens, target, draft, rkeys, target_totals=t_totals.float())
+    with pytest.raises(errors.InvalidArgumentError, match="draft_totals must have shape"):
+        ops.verify_stochastic(offsets, parents, tokens, target, draft, rkeys, draft_totals=d_totals[1:])
+    with pytest.raises(errors.InvalidArgumentError, match="need draft_probs"):
+        ops.verify_stochastic(offsets, parents, tokens, target, None, rkeys, draft_totals=d_totals)
+    with pytest.raises(errors.InvalidArgumentError, match="totals must be torch.float64"):
+        ops.sampling_probs(logits, params, totals=totals.float())
+
+
+def test_gpu_verify_stochastic_draft_index_equals_cpu_op(cuda):
+    """draft_index on the GPU (one block and a cluster per request) against the CPU op."""
+    rng = np.random.default_rng(34)
+    vocab = 151_936
+    _, offsets, parents, tokens = random_trees(rng, 5, vocab, max_nodes=5)
+    n = int(offsets[-1])
+    target = torch.softmax(torch.from_numpy(rng.standard_normal((n, vocab)).astype(np.float32) * 3), -1)
+    draft = torch.softmax(torch.from_numpy(rng.standard_normal((n, vocab)).astype(np.float32) * 3), -1)
+    buf, index = _indexed_draft(rng, offsets, parents, draft)
+    keys = ops.pack_rng_keys(torch.tensor(8), torch.arange(5), torch.tensor(0), torch.tensor(2))
+    want = ops.verify_stochastic(offsets, parents, tokens, target, buf, keys, draft_index=index)
+    for cluster in (False, True):
+        got = ops.verify_stochastic(*to(cuda, (offsets, parents, tokens, target, buf, keys)), cluster=cluster,
+                                    draft_index=index.to(cuda))
+        for w, g in zip(want, got):
+            assert torch.equal(g.cpu(), w), cluster
+    # Totals from the GPU's own sums (the sampling ops' totals on the GPU: equal to a CPU sum up
+    # to the order of additions) give the CPU's results too.
+    for cluster in (False, True):
+        t_totals = torch.empty(n, dtype=torch.float64, device=cuda)
+        logits = torch.log(target).to(cuda)
+        probs, _ = ops.sampling_probs(logits, param_rows([(1.0, 0, 1.0, 0.0)] * n).to(cuda), cluster, t_totals)
+        torch.testing.assert_close(t_totals.cpu(), _sequential_totals(probs.cpu()), rtol=1e-12, atol=0)
+        want = ops.verify_stochastic(offsets, parents, tokens, probs.cpu(), buf, keys, draft_index=index)
+        got = ops.verify_stochastic(*to(cuda, (offsets, parents, tokens, probs, buf, keys)), cluster=cluster,
+                                    draft_index=index.to(cuda), target_totals=t_totals,
+                                    draft_totals=_sequential_totals(torch.nan_to_num(buf)).to(cuda))
+        for w, g in zip(want, got):
+            assert torch.equal(g.cpu(), w), cluster
+
+
 # ---- errors ----
 
 
@@ -440,10 +577,17 @@ def opcheck_samples():
         (ops.sample_tokens, (logits, params, keys, False, True)),  # the Gumbel-max draws
         (ops.sample_tokens_and_probs, (logits, params, keys, False, True)),
         (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20), False, True)),
+        (ops.verify_stochastic, (offsets, parents, tokens, target, target.flip(-1).contiguous(),
+                                 ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0), torch.tensor(0)),
+                                 "independent", 0, False, torch.arange(n, dtype=torch.int32).flip(0).contiguous(),
+                                 torch.ones(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64))),
+        (ops.sampling_probs, (logits, params, False, torch.zeros(3, dtype=torch.float64))),
+        (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20), False, False,
+                                           torch.zeros(3, dtype=torch.float64))),
     ]
 
 
-@pytest.mark.parametrize("index", range(16))
+@pytest.mark.parametrize("index", range(19))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)

@@ -12,7 +12,7 @@ import torch
 
 import specd
 from specd import errors
-from specd.engine import model_runner
+from specd.engine import batch_verify, model_runner
 from specd.engine.params import SamplingParams
 from specd.engine.policy import Decision, StaticPolicy
 from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
@@ -242,12 +242,25 @@ def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
         return real_read(self, extra)
 
     monkeypatch.setattr(model_runner.DeviceDrafts, "read", read)
+    # What verification is given: the target rows' totals always; on the device path the
+    # draft rows where the runner wrote them (draft_index) with their totals.
+    real_verify, given = batch_verify.verify_stochastic, {True: [], False: []}
+
+    def verify(*args, **kwargs):
+        given[on_device].append((kwargs["target_totals"] is not None, kwargs["draft_index"] is not None,
+                                 kwargs["draft_totals"] is not None))
+        return real_verify(*args, **kwargs)
+
+    monkeypatch.setattr(batch_verify, "verify_stochastic", verify)
     got = {}
     for on_device in (True, False):
         llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
         llm.engine.device_drafts = on_device
         got[on_device] = [o.token_ids for o in llm.generate(prompts, params)]
     assert got[True] == got[False]
+    assert all(t for t, _, _ in given[True] + given[False])
+    assert (True, True, True) in given[True]  # drafted requests, read in the runner's buffers
+    assert (True, True, True) not in given[False]  # host-read drafts: no draft totals
     per_step = {}
     for step, copied in copies:
         per_step[id(step)] = per_step.get(id(step), 0) + copied

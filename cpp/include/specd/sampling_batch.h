@@ -81,8 +81,14 @@ Status sample_tokens_cpu(const LogitRows& logits, const SamplingParams* params, 
 
 // probs[r * vocab + i] = sampling_probs(row r, params[r])[i]; probs is [rows, vocab] float32,
 // status [rows].
+// totals (optional, [rows] double): totals[r] = the sum of row r's floats as doubles (0 for a
+// failed row), summed as stochastic verification sums a row it normalizes, so that
+// verify_stochastic_batch can take it (StochasticRowOptions, verify_batch.h) instead of reading
+// the whole row: on the CPU the same bits as its own sum; on the GPU the same bits when both
+// kernels run the same Block (clusters of 8 x 256 threads), else equal up to the order of
+// the additions.
 Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* params, float* probs,
-                                int32_t* status);
+                                int32_t* status, double* totals = nullptr);
 
 // Both at once: probs[r * vocab + i] as sampling_probs_batch_cpu and tokens[r] as
 // sample_tokens_cpu (the same bits and tokens), the token drawn from the row just written
@@ -93,8 +99,9 @@ Status sampling_probs_batch_cpu(const LogitRows& logits, const SamplingParams* p
 // ln(q_i) + g_i among q_i > 0, with sample_tokens' noise g_i. Its distribution is the written
 // row normalized, as the inverse-CDF draw's; other tokens for the same seed, and not
 // sample_tokens' Gumbel-max tokens (that rule keys on l_i / T).
+// totals: as sampling_probs_batch_cpu's.
 Status sample_tokens_and_probs_cpu(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                    int32_t* tokens, float* probs, int32_t* status,
-                                   DrawRule draw = DrawRule::kInverseCdf);
+                                   DrawRule draw = DrawRule::kInverseCdf, double* totals = nullptr);
 
 }  // namespace specd

@@ -28,6 +28,24 @@
 // - The call fails (Status / cudaErrorInvalidValue) only for bad sizes or pointers (the
 //   validate_verify_* functions): negative sizes, null arrays, fewer rows than num_nodes,
 //   draft vocab != target vocab, an unknown DraftSampling.
+// - Stochastic verification's options (StochasticRowOptions; all null by default):
+//   - draft_index ([num_nodes], int32): node n's draft row is row draft_index[n] of `draft`
+//     instead of row n, so the draft's distributions can stay where the draft wrote them
+//     (the draft loop's [steps, batch, vocab] buffers) with no gather into node order;
+//     `draft.rows` may then be fewer than the nodes. The walk reads the draft row of a node
+//     only when it verifies that node's children: an index of -1 (or any value outside
+//     [0, draft.rows)) is fine for a leaf and gives kBadDraftRow at a node with children.
+//   - target_totals ([target.rows]) / draft_totals ([draft.rows]), double: each row's total,
+//     the sum of its floats as doubles, as sampling_probs_batch / sample_tokens_and_probs
+//     write them (sampling_batch.h). Without them the walk reads a visited row whole to
+//     validate and sum it; with them a node whose first child is accepted costs two reads
+//     (the drafted token's p and q), and a row is read whole only where a rejection's
+//     residual or the final draw needs it. The walk then validates what it reads: a total
+//     that is not finite and > 0, or an entry read that is not finite and >= 0, gives
+//     kBadTargetRow / kBadDraftRow. A total must be its row's sum: with a wrong one the
+//     result is wrong. With the producers' totals on the CPU the results are the same bits
+//     as without (the same sums); on the GPU a total may differ from the walk's own sum in
+//     the order of its additions (docs/cuda.md's exactness note).
 // - Stochastic verification handles at most kMaxVerifyChildren children per visited node
 //   (the residual distributions are recomputed from the per-sibling totals, which a block
 //   keeps in shared memory): a request over the limit gets kTooManyChildren, on the CPU too.
@@ -63,7 +81,7 @@ enum class VerifyStatus : int32_t {
   kBadTree = 1,               // offsets out of [0, num_nodes] or empty; parents break the rules
   kBadToken = 2,              // a draft token outside [0, vocab); greedy tokens: negative target token
   kBadTargetRow = 3,          // a visited target row: NaN (greedy); non-finite, negative or zero sum
-  kBadDraftRow = 4,           // a visited draft row: non-finite, negative or zero sum
+  kBadDraftRow = 4,           // a visited draft row: non-finite, negative or zero sum, or no row (draft_index)
   kZeroDraftProbability = 5,  // a drafted token has draft probability 0
   kRepeatedSibling = 6,       // kWithoutReplacement siblings with the same token
   kTooManyChildren = 7,       // a visited node has more than kMaxVerifyChildren children
@@ -72,13 +90,21 @@ enum class VerifyStatus : int32_t {
 
 inline constexpr int32_t kMaxVerifyChildren = 64;
 
+// Stochastic verification's optional inputs (the rules above; device memory for the kernels).
+struct StochasticRowOptions {
+  const int32_t* draft_index = nullptr;   // [num_nodes] node n's draft row; null: row n
+  const double* target_totals = nullptr;  // [target.rows] each target row's total; null: summed by the walk
+  const double* draft_totals = nullptr;   // [draft.rows] each draft row's total; null: summed by the walk
+};
+
 // The checks of each call (sizes and pointers, not contents), shared by the CPU functions and
 // the CUDA launchers.
 Status validate_verify_greedy(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
 Status validate_verify_greedy_tokens(const TreeBatchView& trees, const int32_t* target_tokens,
                                      const VerifyOutputs& out);
 Status validate_verify_stochastic(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                                  DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out);
+                                  DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                  const StochasticRowOptions& options = {});
 
 // Greedy from the target's logits/scores: target.rows >= num_nodes.
 Status verify_greedy_batch_cpu(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
@@ -86,8 +112,9 @@ Status verify_greedy_batch_cpu(const TreeBatchView& trees, const LogitRows& targ
 Status verify_greedy_tokens_batch_cpu(const TreeBatchView& trees, const int32_t* target_tokens,
                                       const VerifyOutputs& out);
 // Stochastic from probability rows (float32, [rows >= num_nodes, vocab]); draft may be null
-// (deterministic proposals; `sampling` is ignored then); rng [batch].
+// (deterministic proposals; `sampling` is ignored then); rng [batch]; options: the rules above.
 Status verify_stochastic_batch_cpu(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out);
+                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                   const StochasticRowOptions& options = {});
 
 }  // namespace specd

@@ -16,6 +16,11 @@ requests at once so that the host waits for the device as few times as possible.
   inverse-CDF draw gives the same token but recomputes the exponentials in each of its
   passes, and measured 0.7-0.8x the time of the probability rows plus verification on the
   CPU for rows without a cut, bench/root_sampling.py.)
+  Nothing is copied into node order: the target rows are a view of the logits when the
+  group's spans follow one another, and the draft rows stay where the draft wrote them
+  (``verify_stochastic``'s draft_index). The rows' totals come with them (the target's from
+  ``sampling_probs``, the draft's from the draft graph runner), so verification reads a row
+  whole only where a rejection or the final draw needs it, not at every accepted node.
 
 Every group's device work is queued first and all results come back in ONE device-to-host
 copy (with the draft model's chains when they are still on the device,
@@ -70,7 +75,9 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
                   gumbel: bool = False, drafts=None) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
-    ``[len(tree), vocab]`` float32 for sampled draft-model chains. ``cluster``: the sampling
+    float32 for sampled draft-model chains, ``[m, vocab]``: the rows of the tree's first m
+    nodes (m = k for a chain: its leaf has no row), views of one buffer where possible
+    (``_draft_rows``). ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
     (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
     draw by the Gumbel-max rule (KernelChoice.draw).
@@ -249,25 +256,38 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     nodes = int(offsets[-1])
     dest, src = _draft_positions(reqs, offsets, drafts)
+    draft, draft_totals, draft_index = None, None, np.zeros(0, dtype=np.int32)
+    if draft_dists is not None:
+        if drafts is not None and drafts.probs is not None and len(dest) == nodes - len(reqs):
+            # Every chain of the group is in the draft runner's buffers: its rows and their
+            # totals are read there. Node v < k of a chain takes draft v + 1's distribution,
+            # the one its token (at node v + 1, src = j n + column) was drawn from.
+            draft, draft_totals, row_stride = drafts.rows()
+            n_cols = len(drafts.items)
+            draft_index = np.full(nodes, -1, dtype=np.int32)
+            draft_index[dest - 1] = src // n_cols * row_stride + src % n_cols
+        else:
+            draft, draft_index = _draft_rows([draft_dists[r.id] for r in reqs], offsets)
     csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
-                                                     + [t.tokens for t in tree_list] + [dest, src]).astype(np.int32)),
-                     device)
+                                                     + [t.tokens for t in tree_list] + [draft_index, dest, src]
+                                                     ).astype(np.int32)), device)
     n = len(reqs)
     node_offsets, parents, tokens = csr[:n + 1], csr[n + 1:n + 1 + nodes], csr[n + 1 + nodes:n + 1 + 2 * nodes]
+    at = n + 1 + 2 * nodes
+    index = csr[at:at + nodes] if draft is not None else None
+    at += len(draft_index)
     if len(dest):
-        at = n + 1 + 2 * nodes
         picked = drafts.tokens.reshape(-1).index_select(0, csr[at + len(dest):].long())
         tokens.index_copy_(0, csr[at:at + len(dest)].long(), picked.to(tokens.dtype))
 
     params, keys = _sampling_words(reqs, sizes, device)
 
-    rows = torch.cat([logits[a:b] for _, (a, b) in group]) if len(group) > 1 else logits[group[0][1][0]:group[0][1][1]]
-    probs, row_status = sampling_probs(rows, params, cluster)
-    draft = None
-    if draft_dists is not None:
-        draft = torch.cat([draft_dists[r.id] for r in reqs]).float()
+    target_totals = torch.empty(nodes, dtype=torch.float64, device=device)
+    probs, row_status = sampling_probs(_target_rows(logits, [span for _, span in group]), params, cluster,
+                                       target_totals)
     out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
-                                                           cluster=cluster)
+                                                           cluster=cluster, draft_index=index,
+                                                           target_totals=target_totals, draft_totals=draft_totals)
 
     def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
         out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, n, n]))
@@ -283,6 +303,56 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
         return results
 
     return _Queued(torch.cat([out_tokens, path, accepted, status, row_status]).to(torch.int64), finish)
+
+
+def _target_rows(logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
+    """The rows ``[a, b)`` of each span, in order: a view of ``logits`` when the spans follow one
+    another (the usual case: every deciding request of the step is in the group), else a copy."""
+    if all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)):
+        return logits[spans[0][0]:spans[-1][1]]
+    return torch.cat([logits[a:b] for a, b in spans])
+
+
+def _draft_rows(dists: list[torch.Tensor], offsets: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """The group's draft distributions (request i's ``[m_i, vocab]``: the rows of its first m_i
+    nodes) as ONE ``[R, vocab]`` float32 tensor and the verify_stochastic ``draft_index``
+    (int32 ``[nodes]``: node n's row, -1 for the nodes past its request's rows, the chains'
+    leaves). When every request's rows are rows of one buffer (views of the draft graph
+    runner's ``[steps, batch, vocab]`` distributions) the tensor is a view of that buffer and
+    nothing is copied; otherwise the rows are concatenated."""
+    index = np.full(int(offsets[-1]), -1, dtype=np.int32)
+    base = _shared_rows(dists)
+    if base is None:
+        base = torch.cat(dists).float() if len(dists) > 1 else dists[0].float()
+        starts = np.cumsum([0] + [len(d) for d in dists[:-1]])
+        for i, d in enumerate(dists):
+            m = min(len(d), int(offsets[i + 1] - offsets[i]))
+            index[offsets[i]:offsets[i] + m] = np.arange(starts[i], starts[i] + m)
+        return base, index
+    vocab, origin = base.shape[1], base.storage_offset()
+    for i, d in enumerate(dists):
+        m = min(len(d), int(offsets[i + 1] - offsets[i]))
+        first = (d.storage_offset() - origin) // vocab
+        index[offsets[i]:offsets[i] + m] = first + np.arange(m) * (d.stride(0) // vocab)
+    return base, index
+
+
+def _shared_rows(dists: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A ``[R, vocab]`` view whose rows include every row of ``dists`` when they are all float32
+    rows of one contiguous row-major buffer (whole rows, each a multiple of vocab elements from
+    the first), else None."""
+    vocab = dists[0].shape[1]
+    storage = dists[0].untyped_storage().data_ptr()
+    for d in dists:
+        if (d.dtype != torch.float32 or d.dim() != 2 or d.shape[1] != vocab or len(d) == 0
+                or d.untyped_storage().data_ptr() != storage or (vocab > 1 and d.stride(1) != 1)
+                or (len(d) > 1 and d.stride(0) % vocab != 0)):
+            return None
+    origin = min(d.storage_offset() for d in dists)
+    if any((d.storage_offset() - origin) % vocab for d in dists):
+        return None
+    rows = max((d.storage_offset() - origin) // vocab + (len(d) - 1) * (d.stride(0) // vocab) + 1 for d in dists)
+    return dists[0].as_strided((rows, vocab), (vocab, 1), origin)
 
 
 def _draft_positions(reqs: list, offsets: np.ndarray, drafts) -> tuple[np.ndarray, np.ndarray]:

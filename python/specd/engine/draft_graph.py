@@ -120,6 +120,7 @@ class _Buffers:
         # Row j: forward j's samples (row 0: forward 0's, written by the catch-up or copied in).
         self.tokens = torch.zeros((steps, batch), dtype=torch.int64, device=device)
         self.probs: Optional[torch.Tensor] = None  # float32 [steps, B, vocab], on first sampled run
+        self.totals: Optional[torch.Tensor] = None  # float64 [steps, B]: each row of probs' total
 
 
 class _Inputs(PackedStaging):
@@ -209,7 +210,7 @@ class DraftGraphRunner:
 
     def run(self, items: Sequence[WorkItem], first_tokens: Optional[torch.Tensor] = None,
             on_forward: Optional[Callable[[int, Callable[[], object], int], object]] = None,
-            ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+            ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
         """The draft forwards of ``items`` (k = the largest item.k; ``accepts`` true).
 
         ``first_tokens`` None (``catch_up_width(items)`` not None): all k forwards, forward 0
@@ -219,7 +220,9 @@ class DraftGraphRunner:
         Returns views of the runner's buffers, valid until its next run: tokens int64
         ``[f, n]`` for the f forwards run (row r: the samples of forward r, or r + 1 when
         ``first_tokens`` is given; item i's drafts are column i's first rows) and, when some
-        item samples, their float32 distributions ``[f, n, vocab]`` (else None).
+        item samples, their float32 distributions ``[f, n, vocab]`` and the rows' float64 totals
+        ``[f, n]`` (sampling_probs' totals, what verify_stochastic takes as draft_totals; else
+        None for both).
         ``on_forward(tokens, run, keys)`` is called once per forward as in run_draft; the first call
         runs everything (a graph replay cannot be split), the others run nothing."""
         n, steps = len(items), max(it.k for it in items)
@@ -248,8 +251,9 @@ class DraftGraphRunner:
                          sum(causal_keys(it.request.computed[DRAFT], it.request.length - it.request.computed[DRAFT])
                              for it in items))
         self._run_timed(lambda: self._loop(graphs, buf, inp, steps, sampling), shapes, on_forward)
-        probs = buf.probs[first:steps, :n] if sampling else None
-        return buf.tokens[first:steps, :n], probs
+        if not sampling:
+            return buf.tokens[first:steps, :n], None, None
+        return buf.tokens[first:steps, :n], buf.probs[first:steps, :n], buf.totals[first:steps, :n]
 
     def capture_all(self, sampling_modes: Sequence[bool] = (False,)) -> int:
         """Captures every graph a run can replay that is not captured yet, for each bucket and
@@ -298,6 +302,7 @@ class DraftGraphRunner:
         if sampling and buf.probs is None:
             vocab = self.model.config.vocab_size
             buf.probs = torch.zeros((buf.tokens.shape[0], batch, vocab), dtype=torch.float32, device=self.device)
+            buf.totals = torch.zeros((buf.tokens.shape[0], batch), dtype=torch.float64, device=self.device)
         return buf
 
     def _inputs_for(self, batch: int, width: int) -> _Inputs:
@@ -394,7 +399,7 @@ class DraftGraphRunner:
         if sampling:
             buf.keys[:, 2].copy_(positions)  # the position of the token drawn: word 2 of each key
             kernels = kernels_of(self.model)
-            tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j],
+            tokens, _ = sample_draft_rows(logits, buf.params, buf.keys, out=buf.probs[j], totals=buf.totals[j],
                                           cluster=kernels.cluster_rows, gumbel=kernels.draw == "gumbel")
         else:
             tokens = torch.argmax(logits, dim=-1)

@@ -62,16 +62,19 @@ def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requ
 
 def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,
                       out: Optional[torch.Tensor] = None, cluster: bool = False,
-                      gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                      gumbel: bool = False, totals: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """logits ``[m, vocab]``, packed params ``[m, 4]`` and keys ``[m, 3]`` -> (tokens int64
     ``[m]``, float32 distributions ``[m, vocab]``), on the logits' device. With ``out``
     (contiguous float32 ``[m, vocab]``, e.g. a draft graph buffer's row block) the
-    distributions are written there and ``out`` is returned: no second copy of them.
+    distributions are written there and ``out`` is returned: no second copy of them; with
+    ``totals`` (float64 ``[m]``, with ``out`` only) also each row's total (verification's
+    draft_totals).
     ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.cluster_rows);
     ``gumbel``: tokens drawn from the rows by the Gumbel-max rule (KernelChoice.draw)."""
     if out is None:
         tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys, cluster, gumbel)
     else:
-        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out, cluster, gumbel)
+        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out, cluster, gumbel,
+                                                                     totals)
         probs = out
     return torch.where(status == 0, tokens, 0).to(torch.int64), probs

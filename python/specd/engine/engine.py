@@ -281,8 +281,8 @@ class Engine:
                                                         graph=self.draft_graph)
                 for it, d, q in zip(group, drafts, qs):
                     trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
-                    if q is not None:  # rows for the k nodes with children, plus the leaf's (unused)
-                        dists[it.request.id] = torch.cat([q, torch.zeros_like(q[:1])])
+                    if q is not None:  # rows of the k nodes with children (the leaf has none)
+                        dists[it.request.id] = q
             else:
                 out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
                                                      [it.nodes for it in group])

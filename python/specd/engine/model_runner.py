@@ -187,11 +187,25 @@ class DeviceDrafts:
     tokens: int64 ``[k, n]`` on the model's device, a view of the runner's buffers (valid until
         its next run); column i holds ``items[i]``'s drafts in its first ``items[i].k`` rows
         (rows past them: the runner's samples for an inactive row, never verified).
-    items: the draft call's work items, in column order."""
+    items: the draft call's work items, in column order.
+    probs, totals: when some item samples, the distributions float32 ``[k, n, vocab]`` the
+        drafts were drawn from and their float64 totals ``[k, n]`` (views of the runner's
+        ``[steps, B, vocab]`` / ``[steps, B]`` buffers, :meth:`rows`); else None."""
 
     tokens: torch.Tensor
     items: list[WorkItem]
+    probs: Optional[torch.Tensor] = None
+    totals: Optional[torch.Tensor] = None
     _host: Optional[list[list[int]]] = field(default=None, repr=False)  # read() keeps them
+
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The distributions as rows of one ``[R, vocab]`` tensor and their totals ``[R]`` (views
+        of the runner's buffers, no copy), and the row stride B: draft j of column i is row
+        ``j * B + i`` of both (verify_stochastic's draft_index and draft_totals)."""
+        k, _, vocab = self.probs.shape
+        stride = self.probs.stride(0) // vocab
+        return (self.probs.as_strided((k * stride, vocab), (vocab, 1)),
+                self.totals.as_strided((k * stride,), (1,)), stride)
 
     def to_host(self) -> list[list[int]]:
         """Each item's drafts (one device -> host read, which waits for the work queued before
@@ -258,7 +272,8 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
               graph=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
     """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
     drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
-    sampled from (row j: the distribution of draft j+1); None for greedy requests.
+    sampled from (row j: the distribution of draft j+1); None for greedy requests. When the
+    graph runner ran the whole call they are views of its buffers (run_draft_on_device).
     ``on_forward(tokens, run, keys)``, when given, wraps each forward (the engine times them;
     keys: segment_keys).
 
@@ -322,20 +337,18 @@ def run_draft_on_device(model: LlamaModel, pool: KVCachePool, items: list[WorkIt
                         graph=None) -> Optional[tuple[DeviceDrafts, list[Optional[torch.Tensor]]]]:
     """``run_draft`` through the draft graph runner ``graph`` when it runs the whole call (every
     request's catch-up fits its buffers), without reading the drafts on the host: the drafts
-    as :class:`DeviceDrafts` and the distributions as ``run_draft``'s (copies, on the device).
-    None when the runner does not run the whole call (nothing has run then)."""
+    as :class:`DeviceDrafts` and the distributions as ``run_draft``'s, both views of the
+    runner's buffers (no copy: valid until its next run, which the engine queues after the
+    step's verification has read them). None when the runner does not run the whole call
+    (nothing has run then)."""
     if (graph is None or graph.model is not model or graph.pool is not pool or not graph.accepts(items)
             or graph.catch_up_width(items) is None):
         return None
-    tokens, probs = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None
-    drafts = DeviceDrafts(tokens, list(items))
+    tokens, probs, totals = graph.run(items, None, on_forward)  # [k, n], [k, n, vocab] or None, [k, n] or None
+    drafts = DeviceDrafts(tokens, list(items), probs, totals)
     if probs is None:
         return drafts, [None] * len(items)
-    if not any(it.request.params.greedy for it in items):
-        kept = probs.clone()  # the runner's buffers are reused: one copy for the whole batch
-        return drafts, [kept[:it.k, i] for i, it in enumerate(items)]
-    return drafts, [None if it.request.params.greedy else probs[:it.k, i].clone()  # buffers are reused
-                    for i, it in enumerate(items)]
+    return drafts, [None if it.request.params.greedy else probs[:it.k, i] for i, it in enumerate(items)]
 
 
 def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Tensor]],
@@ -344,7 +357,7 @@ def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Te
     """Forwards 1..k-1 of the draft call through the draft graph runner, after forward 0 in
     run_draft (``sampled``/``dists``: forward 0's tokens and distributions)."""
     first = torch.stack([s[0] for s in sampled])  # [n] forward 0's tokens, on the device
-    tokens, probs = graph.run(items, first, on_forward)  # [k - 1, n], [k - 1, n, vocab] or None
+    tokens, probs, _ = graph.run(items, first, on_forward)  # [k - 1, n], [k - 1, n, vocab] or None
     rows = torch.cat([first[None], tokens]).T.tolist()  # the one host sync, after the loop
     drafts = [row[:it.k] for row, it in zip(rows, items)]
     out_dists: list[Optional[torch.Tensor]] = []

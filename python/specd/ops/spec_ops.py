@@ -120,30 +120,46 @@ def _(logits, params, rng, cluster=False, gumbel=False):
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
 
-@torch.library.custom_op("specd::sampling_probs", mutates_args=())
-def sampling_probs(logits: torch.Tensor, params: torch.Tensor,
-                   cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+@torch.library.custom_op("specd::sampling_probs", mutates_args=("totals",))
+def sampling_probs(logits: torch.Tensor, params: torch.Tensor, cluster: bool = False,
+                   totals: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The sampling distribution of each logits row (sampling.h rules). Returns (probs float32
-    ``[rows, vocab]``, zeros where status != 0; status int32 ``[rows]``)."""
+    ``[rows, vocab]``, zeros where status != 0; status int32 ``[rows]``). totals: float64
+    ``[rows]``, written with each row's total (its floats summed as verification sums them; 0
+    for a failed row), what :func:`verify_stochastic` takes as ``target_totals`` so that it
+    need not read a whole row to normalize it."""
     no_kernel_for_device("sampling_probs", logits, params)
 
 
-def _sampling_probs(logits, params, cluster=False):
+def _totals_option(op: str, totals: Optional[torch.Tensor], n: int) -> dict:
+    """The launchers' keyword for a float64 ``[n]`` totals output (none when absent)."""
+    if totals is None:
+        return {}
+    expect(op, "totals", totals, torch.float64, 1)
+    expect_shape(op, "totals", totals, (n,))
+    if not totals.is_contiguous():
+        fail(op, "totals must be contiguous")
+    return {"totals_ptr": totals.data_ptr()}
+
+
+def _sampling_probs(logits, params, cluster=False, totals=None):
     op = "sampling_probs"
-    device = common_device(op, logits=logits, params=params)
+    device = common_device(op, logits=logits, params=params, totals=totals)
     logits, stride, dtype = _logits(op, "logits", logits)
     n, vocab = logits.shape
     params = _packed(op, "params", params, n, 4)
+    with_totals = _totals_option(op, totals, n)
     probs = torch.empty((n, vocab), dtype=torch.float32, device=device)  # every element is written
     status = torch.zeros(n, dtype=torch.int32, device=device)
     if n:
-        launch(device, _core.sampling_probs_batch_cpu, "sampling_probs_batch_cuda", logits.data_ptr(), dtype, n,
-               vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster))
+        launch(device, functools.partial(_core.sampling_probs_batch_cpu, **with_totals), "sampling_probs_batch_cuda",
+               logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr(),
+               **_cluster_option(cluster), **with_totals)
     return probs, status
 
 
 @sampling_probs.register_fake
-def _(logits, params, cluster=False):
+def _(logits, params, cluster=False, totals=None):
     return (logits.new_empty(logits.shape, dtype=torch.float32),
             logits.new_empty((logits.shape[0],), dtype=torch.int32))
 
@@ -166,11 +182,13 @@ def _sample_tokens_and_probs(logits, params, rng, cluster=False, gumbel=False):
 
 
 def _sample_into(op: str, logits, params, rng, probs=None, cluster=False,
-                 gumbel=False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 gumbel=False, totals=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel of both sample_tokens_and_probs ops: (tokens, probs, status), the rows
-    written into ``probs`` (a new tensor when None)."""
+    written into ``probs`` (a new tensor when None), their totals into ``totals`` if given."""
     device, logits, stride, dtype, params, rng, tokens, status = _sampling_inputs(op, logits, params, rng)
     n, vocab = logits.shape
+    common_device(op, logits=logits, totals=totals)
+    with_totals = _totals_option(op, totals, n)
     if probs is None:  # every element of a row is written (zeros on a failed row): no memset
         probs = torch.empty((n, vocab), dtype=torch.float32, device=device)
     common_device(op, logits=logits, probs=probs)
@@ -180,10 +198,10 @@ def _sample_into(op: str, logits, params, rng, probs=None, cluster=False,
         fail(op, "probs must be contiguous (its rows are written in place)")
     if n:
         draw = _draw_option(gumbel)
-        launch(device, functools.partial(_core.sample_tokens_and_probs_batch_cpu, **draw),
+        launch(device, functools.partial(_core.sample_tokens_and_probs_batch_cpu, **draw, **with_totals),
                "sample_tokens_and_probs_batch_cuda", logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(),
                rng.data_ptr(), tokens.data_ptr(), probs.data_ptr(), status.data_ptr(), **_cluster_option(cluster),
-               **draw)
+               **draw, **with_totals)
     return tokens, probs, status
 
 
@@ -194,25 +212,26 @@ def _(logits, params, rng, cluster=False, gumbel=False):
             logits.new_empty((n,), dtype=torch.int32))
 
 
-@torch.library.custom_op("specd::sample_tokens_and_probs_out", mutates_args=("probs",))
+@torch.library.custom_op("specd::sample_tokens_and_probs_out", mutates_args=("probs", "totals"))
 def sample_tokens_and_probs_out(logits: torch.Tensor, params: torch.Tensor, rng: torch.Tensor,
-                                probs: torch.Tensor, cluster: bool = False,
-                                gumbel: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                probs: torch.Tensor, cluster: bool = False, gumbel: bool = False,
+                                totals: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_tokens_and_probs` writing the distributions into ``probs`` (float32
     ``[rows, vocab]``, contiguous, on the logits' device; every element is overwritten) instead
     of a new tensor: the draft graph's buffers take them with no copy. Returns (tokens int32
-    ``[rows]``, status int32 ``[rows]``). gumbel: as sample_tokens_and_probs'."""
+    ``[rows]``, status int32 ``[rows]``). gumbel: as sample_tokens_and_probs'. totals: as
+    :func:`sampling_probs`' (verify_stochastic's ``draft_totals``)."""
     no_kernel_for_device("sample_tokens_and_probs_out", logits, params, rng, probs)
 
 
-def _sample_tokens_and_probs_out(logits, params, rng, probs, cluster=False, gumbel=False):
+def _sample_tokens_and_probs_out(logits, params, rng, probs, cluster=False, gumbel=False, totals=None):
     tokens, _, status = _sample_into("sample_tokens_and_probs_out", logits, params, rng, probs, cluster=cluster,
-                                     gumbel=gumbel)
+                                     gumbel=gumbel, totals=totals)
     return tokens, status
 
 
 @sample_tokens_and_probs_out.register_fake
-def _(logits, params, rng, probs, cluster=False, gumbel=False):
+def _(logits, params, rng, probs, cluster=False, gumbel=False, totals=None):
     n = logits.shape[0]
     return logits.new_empty((n,), dtype=torch.int32), logits.new_empty((n,), dtype=torch.int32)
 
@@ -308,6 +327,8 @@ def _(node_offsets, parents, tokens, target_tokens, out_stride=0):
 def verify_stochastic(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
                       target_probs: torch.Tensor, draft_probs: Optional[torch.Tensor], rng: torch.Tensor,
                       draft_sampling: str = "without_replacement", out_stride: int = 0, cluster: bool = False,
+                      draft_index: Optional[torch.Tensor] = None, target_totals: Optional[torch.Tensor] = None,
+                      draft_totals: Optional[torch.Tensor] = None,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Lossless stochastic verification (verify.h rules) of a batch of trees.
 
@@ -315,16 +336,25 @@ def verify_stochastic(node_offsets: torch.Tensor, parents: torch.Tensor, tokens:
     sampling rules); draft_probs None: deterministic proposals. rng: int64 ``[batch, 3]``
     (:func:`pack_rng_keys`, position = the first token decided). draft_sampling:
     "without_replacement" or "independent". cluster: a thread-block cluster per request on
-    sm_90+ GPUs (as the sampling ops' ``cluster``). Returns (tokens, path, num_accepted, status).
+    sm_90+ GPUs (as the sampling ops' ``cluster``). draft_index: int32 ``[num_nodes]``, node
+    n's row of draft_probs (any number of rows; -1: none, fine for a leaf, status 4 at a node
+    with children), so the draft's distributions need no gather into node order; None: row n.
+    target_totals / draft_totals: float64, each row's total as :func:`sampling_probs` /
+    :func:`sample_tokens_and_probs_out` write them (``[rows]`` of target_probs / draft_probs):
+    a row is then read whole only where a rejection or the final draw needs it (verify_batch.h,
+    StochasticRowOptions); a total must be its row's sum.
+    Returns (tokens, path, num_accepted, status).
     """
     no_kernel_for_device("verify_stochastic", node_offsets, parents, tokens, target_probs)
 
 
 def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs, rng,
-                       draft_sampling="without_replacement", out_stride=0, cluster=False):
+                       draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None,
+                       target_totals=None, draft_totals=None):
     op = "verify_stochastic"
     device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
-                           target_probs=target_probs, draft_probs=draft_probs, rng=rng)
+                           target_probs=target_probs, draft_probs=draft_probs, rng=rng, draft_index=draft_index,
+                           target_totals=target_totals, draft_totals=draft_totals)
     offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
     expect(op, "target_probs", target_probs, torch.float32, 2)
     target, t_stride = rows(op, "target_probs", target_probs, (target_probs.shape[1],))
@@ -336,21 +366,34 @@ def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs,
             fail(op, f"draft_probs has vocab {draft_probs.shape[1]}, target_probs {vocab}")
         draft, d_stride = rows(op, "draft_probs", draft_probs, (vocab,))
         draft_ptr, d_rows = draft.data_ptr(), draft.shape[0]
+    options = {}  # the launchers' StochasticRowOptions pointers
+    if draft_probs is None and (draft_index is not None or draft_totals is not None):
+        fail(op, "draft_index and draft_totals need draft_probs")
+    if draft_index is not None:
+        draft_index = index(op, "draft_index", draft_index, torch.int32, (nodes,))
+        options["draft_index_ptr"] = draft_index.data_ptr()
+    kept = []  # (contiguous copies stay alive until the launch)
+    for name, totals, n in (("target_totals", target_totals, target.shape[0]), ("draft_totals", draft_totals, d_rows)):
+        if totals is not None:
+            expect(op, name, totals, torch.float64, 1)
+            expect_shape(op, name, totals, (n,))
+            kept.append(totals.contiguous())
+            options[name + "_ptr"] = kept[-1].data_ptr()
     rng = _packed(op, "rng", rng, batch, 3)
     if draft_sampling not in ("without_replacement", "independent"):
         fail(op, f"draft_sampling must be 'without_replacement' or 'independent', got {draft_sampling!r}")
     out = _outputs(op, device, batch, nodes, out_stride)
     if batch:
-        launch(device, _core.verify_stochastic_batch_cpu, "verify_stochastic_batch_cuda", offsets.data_ptr(),
-               parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(), target.shape[0], vocab,
-               t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(), *_out_ptrs(out, out_stride),
-               **_cluster_option(cluster))
+        launch(device, functools.partial(_core.verify_stochastic_batch_cpu, **options), "verify_stochastic_batch_cuda",
+               offsets.data_ptr(), parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(),
+               target.shape[0], vocab, t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(),
+               *_out_ptrs(out, out_stride), **_cluster_option(cluster), **options)
     return out
 
 
 @verify_stochastic.register_fake
 def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampling="without_replacement",
-      out_stride=0, cluster=False):
+      out_stride=0, cluster=False, draft_index=None, target_totals=None, draft_totals=None):
     return _fake_outputs(node_offsets, parents, out_stride)
 
 

@@ -198,17 +198,23 @@ SPECD_HOST_DEVICE SampleStatus gumbel_token_row(Block& b, const Load& load, int3
 // written floats: the id of largest deterministic_log(q_i) + g_i among q_i > 0 (g_i the noise
 // of sample_tokens' rule, the same bits), lowest id among equal keys. Its distribution is the
 // written row normalized, what verification takes for the draft. No sum, no second pass.
+// `total` non-null: probs_row's total of the row, written by rank 0 (its floats summed as
+// doubles, per thread in id order; 0 when status != kOk), the same bits as probs_row's with
+// one thread.
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int32_t vocab,
                                                 const SamplingParams& params, float* probs, const RngKey& rng,
-                                                const float* bounds, int32_t* token, RowPlan& plan) {
+                                                const float* bounds, int32_t* token, RowPlan& plan,
+                                                double* total = nullptr) {
   *token = -1;
+  if (total != nullptr && b.rank() == 0) *total = 0;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
   if (status != SampleStatus::kOk) {
     for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
     return status;
   }
   GumbelBest best;
+  double partial = 0;
   gumbel_rounds(b, load, vocab, best, [&](int32_t group, int32_t i0, float (&q)[kGumbelGroup]) {
     uint32_t live = 0;  // the logits become the row's probabilities
     SPECD_UNROLL
@@ -216,6 +222,7 @@ SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int3
       if (i0 + j >= vocab) break;
       q[j] = static_cast<float>(row_prob(plan, i0 + j, q[j]));
       probs[i0 + j] = q[j];
+      if (total != nullptr) partial += static_cast<double>(q[j]);
       if (q[j] > 0) live |= 1u << j;
     }
     if (live != 0 && !plan.greedy)
@@ -225,6 +232,10 @@ SPECD_HOST_DEVICE SampleStatus gumbel_probs_row(Block& b, const Load& load, int3
           [](int32_t) { return true; },
           [&](int32_t j, double g) { return exact_add(deterministic_log(static_cast<double>(q[j])), g); });
   });
+  if (total != nullptr) {
+    const double sum = b.sum(partial);
+    if (b.rank() == 0) *total = sum;
+  }
   if (plan.greedy) {  // a one-hot row: its token
     *token = plan.argmax;
     return status;

@@ -223,11 +223,13 @@ SPECD_HOST_DEVICE SampleStatus plan_row(Block& b, const Load& load, int32_t voca
 // target = u * sum(p) with u the final draw at rng.position. `load` is a pure read
 // (for_each_strided batches it). `float_partial`, when given, is this thread's sum of the
 // float probabilities in for_each_strided's order (a pass that wrote the row summed it), so
-// the first pass is skipped: the same per-thread sums, the same total.
+// the first pass is skipped: the same per-thread sums, the same total. `float_total_out`,
+// when given, gets that total from rank 0 (probs_row's `total`).
 template <class Block, class Load, class FloatProb>
 SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, const Load& load,
                                                      const FloatProb& float_prob, const RngKey& rng, int32_t* token,
-                                                     const double* float_partial = nullptr) {
+                                                     const double* float_partial = nullptr,
+                                                     double* float_total_out = nullptr) {
   double local = 0;
   if (float_partial != nullptr) {
     local = *float_partial;
@@ -235,6 +237,7 @@ SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, co
     for_each_strided(b, vocab, load, [&](int32_t i, auto v) { local += float_prob(i, v); });
   }
   const double float_total = b.sum(local);
+  if (float_total_out != nullptr && b.rank() == 0) *float_total_out = float_total;
   if (!(float_total > 0)) return SampleStatus::kNoFiniteLogit;  // unreachable: the top token keeps >= 1/vocab
   const double inv_float_total = 1.0 / float_total;
   local = 0;
@@ -300,10 +303,16 @@ SPECD_HOST_DEVICE SampleStatus sample_token_row(Block& b, const Load& load, int3
 // (sample_token_row's token, drawn from the row just written instead of recomputing it):
 // -1 when status != kOk.
 // `plan`: as sample_token_row's.
+// `total` non-null: rank 0 writes the row's total there, the sum of its floats as doubles, as
+// stochastic verification sums a row (verify_walk.h, load_prob_row: the same ids per thread
+// in the same order, so the same bits for the same Block type); 0 when status != kOk. (An
+// output written once, like the kernels' outputs: no address of a local is taken.)
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
-                                         float* probs, const RngKey* rng, int32_t* token, RowPlan& plan) {
+                                         float* probs, const RngKey* rng, int32_t* token, RowPlan& plan,
+                                         double* total = nullptr) {
   if (token != nullptr) *token = -1;
+  if (total != nullptr && b.rank() == 0) *total = 0;
   const SampleStatus status = plan_row(b, load, vocab, params, &plan);
   if (status != SampleStatus::kOk) {
     for (int32_t i = b.rank(); i < vocab; i += b.size()) probs[i] = 0.0f;
@@ -316,15 +325,19 @@ SPECD_HOST_DEVICE SampleStatus probs_row(Block& b, const Load& load, int32_t voc
     probs[i] = p;
     float_partial += static_cast<double>(p);
   });
-  if (token == nullptr) return status;
-  if (plan.greedy) {
-    *token = plan.argmax;
+  if (token == nullptr || plan.greedy) {
+    if (total != nullptr) {
+      const double sum = b.sum(float_partial);
+      if (b.rank() == 0) *total = sum;
+    }
+    if (token != nullptr) *token = plan.argmax;
     return status;
   }
   b.sync();  // the row written above, read back by every thread of the block
   const float* written = probs;
   return draw_from_float_probs(b, vocab, [written](int32_t i) { return written[i]; },
-                               [](int32_t, float p) { return static_cast<double>(p); }, *rng, token, &float_partial);
+                               [](int32_t, float p) { return static_cast<double>(p); }, *rng, token, &float_partial,
+                               total);
 }
 
 template <class Block, class Load>

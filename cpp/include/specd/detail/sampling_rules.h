@@ -15,6 +15,7 @@
 namespace specd::detail {
 
 SPECD_HOST_DEVICE inline bool is_finite(double x) { return x >= -DBL_MAX && x <= DBL_MAX; }
+SPECD_HOST_DEVICE inline bool is_nan(double x) { return x != x; }
 
 // 0 when valid; otherwise which rule of validate_sampling_params fails (1 temperature,
 // 2 top_k, 3 top_p, 4 min_p).

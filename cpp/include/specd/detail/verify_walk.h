@@ -231,12 +231,35 @@ SPECD_HOST_DEVICE bool repeated_sibling(Block& b, const RequestNodes& n, int32_t
   return b.any(repeated);
 }
 
+// The draft row of global node `node` (verify_batch.h, draft_index): draft_index[node], or
+// row `node` without an index; -1 when that is not a row of `draft`.
+SPECD_HOST_DEVICE inline int64_t draft_row_of(const ProbRows& draft, const int32_t* draft_index, int32_t node) {
+  const int64_t row = draft_index != nullptr ? draft_index[node] : node;
+  return row >= 0 && row < draft.rows ? row : -1;
+}
+
+// A visited row's total: totals[index] when the caller gave totals (it must be finite and
+// > 0), else load_prob_row's (the row read whole, validated and summed). False: a bad row.
+template <class Block>
+SPECD_HOST_DEVICE bool visited_row_total(Block& b, const float* row, int32_t vocab, const double* totals,
+                                         int64_t index, double* total) {
+  if (totals == nullptr) return load_prob_row(b, row, vocab, total);
+  *total = totals[index];
+  return is_finite(*total) && *total > 0;
+}
+
+// Whether a probability entry is valid: finite and >= 0.
+SPECD_HOST_DEVICE inline bool valid_prob(float f) { return f >= 0 && f <= FLT_MAX; }
+
 // verify_stochastic's walk. `rejected` holds kMaxVerifyChildren entries (shared memory on
-// the device). draft.data == nullptr: no draft rows.
+// the device). draft.data == nullptr: no draft rows. options: verify_batch.h's
+// StochasticRowOptions. Entries are validated where they are read (with given totals a row
+// is not read whole first): an invalid one makes a row pass's sum NaN (target) or the
+// draft's sum NaN / the final sum -inf (draft), which the walk reports.
 template <class Block>
 SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nodes, Emitter& emit, const ProbRows& target,
-                                               const ProbRows& draft, DraftSampling sampling, const RngKey& rng,
-                                               Rejection* rejected) {
+                                               const ProbRows& draft, const StochasticRowOptions& options,
+                                               DraftSampling sampling, const RngKey& rng, Rejection* rejected) {
   const bool has_draft = draft.data != nullptr;
   const bool without_replacement = sampling == DraftSampling::kWithoutReplacement;
   const int32_t vocab = target.vocab;
@@ -246,7 +269,8 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
     const uint32_t position = rng.position + depth;
     const float* p_row = target.data + int64_t{nodes.begin + node} * target.stride;
     double p_total = 0;
-    if (!load_prob_row(b, p_row, vocab, &p_total)) return VerifyStatus::kBadTargetRow;
+    if (!visited_row_total(b, p_row, vocab, options.target_totals, nodes.begin + node, &p_total))
+      return VerifyStatus::kBadTargetRow;
     const int32_t first = next_child(nodes, node, node);
     const float* q_row = nullptr;
     double q_total = 1.0;
@@ -255,8 +279,10 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       for (int32_t c = first; c >= 0; c = next_child(nodes, node, c)) ++children;
       if (children > kMaxVerifyChildren) return VerifyStatus::kTooManyChildren;
       if (has_draft) {
-        q_row = draft.data + int64_t{nodes.begin + node} * draft.stride;
-        if (!load_prob_row(b, q_row, vocab, &q_total)) return VerifyStatus::kBadDraftRow;
+        const int64_t row = draft_row_of(draft, options.draft_index, nodes.begin + node);
+        if (row < 0) return VerifyStatus::kBadDraftRow;
+        q_row = draft.data + row * draft.stride;
+        if (!visited_row_total(b, q_row, vocab, options.draft_totals, row, &q_total)) return VerifyStatus::kBadDraftRow;
         if (without_replacement && repeated_sibling(b, nodes, node)) return VerifyStatus::kRepeatedSibling;
       }
     }
@@ -272,8 +298,11 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
     int32_t j = 0, accepted = -1;
     for (int32_t c = first; c >= 0; c = next_child(nodes, node, c), ++j) {
       const int32_t x = nodes.tokens[c];
+      const ProbPair vx = load(x);
+      if (!valid_prob(vx.p)) return VerifyStatus::kBadTargetRow;
+      if (!valid_prob(vx.q)) return VerifyStatus::kBadDraftRow;
       double px = 0, qx = 0;
-      probs_at(x, j, &px, &qx);
+      probs_of(x, vx, j, &px, &qx);
       if (!has_draft) qx = 1.0;
       if (!(qx > 0)) return VerifyStatus::kZeroDraftProbability;
       const double u = philox_uniform(rng.seed, rng.request, rng.step, position, static_cast<uint32_t>(j));
@@ -292,9 +321,13 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
         } else {
           p_sum += i == x ? 0.0 : p;
         }
+        if (!valid_prob(v.p)) p_sum = NAN;
+        if (!valid_prob(v.q)) q_sum = NAN;
       });
       p_sum = b.sum(p_sum);
       q_sum = b.sum(q_sum);
+      if (is_nan(p_sum)) return VerifyStatus::kBadTargetRow;
+      if (is_nan(q_sum)) return VerifyStatus::kBadDraftRow;
       if (b.leader()) rejected[j] = make_rejection(x, p_sum, q_sum);  // each block's own scratch
       b.sync();  // rejected[j] visible to all before sibling j + 1
     }
@@ -315,8 +348,12 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       double p = 0, q = 0;
       probs_of(i, v, j, &p, &q);
       local += p;
+      if (!valid_prob(v.q)) local -= INFINITY;
+      if (!valid_prob(v.p)) local = NAN;
     });
     const double total = b.sum(local);
+    if (is_nan(total)) return VerifyStatus::kBadTargetRow;
+    if (total == -INFINITY) return VerifyStatus::kBadDraftRow;
     const double u = philox_uniform(rng.seed, rng.request, rng.step, position, kFinalDraw);
     emit.finish(b, draw_inverse_cdf<kTileRun>(b, vocab, weight, u * total));  // kDrawRun's note
     return VerifyStatus::kOk;

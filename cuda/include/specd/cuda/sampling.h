@@ -53,9 +53,11 @@ cudaError_t sample_tokens(const LogitRows& logits, const SamplingParams* params,
                           int32_t* tokens, int32_t* status, cudaStream_t stream,
                           RowSplit split = RowSplit::kOneBlock, DrawRule draw = DrawRule::kInverseCdf);
 
+// totals (device [rows] double, optional): each row's total (sampling_batch.h), what
+// verify_stochastic_batch takes instead of summing the row itself (one more block sum per row).
 cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* params, float* probs,
                                  int32_t* status, cudaStream_t stream,
-                                 RowSplit split = RowSplit::kOneBlock);
+                                 RowSplit split = RowSplit::kOneBlock, double* totals = nullptr);
 
 // Both in one launch (sample_tokens_and_probs_cpu): each row's probabilities as
 // sampling_probs_batch writes them, and the token sample_tokens gives, drawn from the row just
@@ -63,8 +65,10 @@ cudaError_t sampling_probs_batch(const LogitRows& logits, const SamplingParams* 
 // draw kGumbelMax: the same rows, tokens drawn from them by sample_tokens_and_probs_cpu's
 // Gumbel-max rule (equal to the CPU's tokens whenever the rows are equal: an argmax of keys
 // the host and the device compute alike), with no sum and no second pass over the row.
+// totals: as sampling_probs_batch's (with the inverse-CDF draw, the draw's own first sum).
 cudaError_t sample_tokens_and_probs(const LogitRows& logits, const SamplingParams* params, const RngKey* rng,
                                     int32_t* tokens, float* probs, int32_t* status, cudaStream_t stream,
-                                    RowSplit split = RowSplit::kOneBlock, DrawRule draw = DrawRule::kInverseCdf);
+                                    RowSplit split = RowSplit::kOneBlock, DrawRule draw = DrawRule::kInverseCdf,
+                                    double* totals = nullptr);
 
 }  // namespace specd::cuda

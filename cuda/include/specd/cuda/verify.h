@@ -47,9 +47,11 @@ cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t
 // draft == nullptr: no draft rows (deterministic proposals; `sampling` is ignored).
 // split: one block of 256 threads per request, or a thread-block cluster of 8 blocks of 256
 // per request on sm_90+ (specd/cuda/row_split.h; validated and timed on an H100).
+// options: device pointers (or null), as verify_stochastic_batch_cpu's (verify_batch.h).
 cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                     DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
-                                    cudaStream_t stream, RowSplit split = RowSplit::kOneBlock);
+                                    cudaStream_t stream, RowSplit split = RowSplit::kOneBlock,
+                                    const StochasticRowOptions& options = {});
 
 // Whether RowSplit::kCluster launches clusters for verify_stochastic_batch on this device.
 bool verify_clusters_available();

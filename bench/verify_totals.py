@@ -1,0 +1,96 @@
+"""Stochastic verification with and without the rows' totals (specd::verify_stochastic's
+target_totals / draft_totals, verify_batch.h StochasticRowOptions): the walk reads a visited
+node's rows whole to sum them, or takes the sums the sampling kernels wrote and reads two
+entries per accept test.
+
+    python bench/verify_totals.py [--batch 64] [--k 8] [--vocab 151936] [--reps 7] [--device cpu|cuda]
+
+SYNTHETIC rows: softmax of N(0, 4) logits for the target. --accept of the requests draft the
+target's argmax after each parent from draft rows that are the target's with noise (mostly
+accepted); the others draft their own argmax from anti-correlated rows (softmax of -logits:
+rejected at the first node, then the residual's draw). Times one op call (median of --reps interleaved
+runs; on CUDA, events around the call). Outputs of the two forms are compared (equal on the
+CPU: the totals there are the walk's own sums).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+
+def sequential_totals(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's floats summed as doubles in id order (the kernels' totals on the CPU)."""
+    return rows.double().cumsum(-1)[:, -1]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=151_936)
+    ap.add_argument("--accept", type=float, default=1.0, help="share of requests whose chain is accepted")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args(argv)
+    import specd.ops as ops
+
+    dev = torch.device(args.device)
+    n, k, vocab = args.batch, args.k, args.vocab
+    width = k + 1
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(n * width, vocab, generator=g) * 4
+    target = torch.softmax(logits, -1)
+    accepted = int(round(args.accept * n))
+    draft = torch.softmax(logits + torch.randn(n * width, vocab, generator=g), -1)
+    draft[accepted * width:] = torch.softmax(-logits[accepted * width:], -1)
+    tokens = torch.zeros(n * width, dtype=torch.int32)
+    chains = tokens.view(n, width)
+    chains[:accepted, 1:] = target.argmax(-1).int().view(n, width)[:accepted, :-1]
+    chains[accepted:, 1:] = draft.argmax(-1).int().view(n, width)[accepted:, :-1]
+    parents = torch.arange(-1, k, dtype=torch.int32).repeat(n)
+    offsets = torch.arange(0, n * width + 1, width, dtype=torch.int32)
+    keys = ops.pack_rng_keys(torch.tensor(3), torch.arange(n), torch.tensor(0), torch.full((n,), 100))
+    t_totals, d_totals = sequential_totals(target), sequential_totals(draft)
+    to = lambda *ts: [t.to(dev) for t in ts]  # noqa: E731
+    offsets, parents, tokens, target, draft, keys, t_totals, d_totals = to(
+        offsets, parents, tokens, target, draft, keys, t_totals, d_totals)
+    calls = {
+        "rows summed by the walk": lambda: ops.verify_stochastic(offsets, parents, tokens, target, draft, keys,
+                                                                 cluster=True),
+        "row totals given": lambda: ops.verify_stochastic(offsets, parents, tokens, target, draft, keys, cluster=True,
+                                                          target_totals=t_totals, draft_totals=d_totals),
+    }
+    outs = {name: call() for name, call in calls.items()}
+    same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
+    mean_accepted = float(outs["row totals given"][2].float().mean())
+    times = {name: [] for name in calls}
+    for _ in range(args.reps):
+        for name, call in calls.items():
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                call()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    base = statistics.median(times["rows summed by the walk"])
+    print(f"verify_stochastic, {n} chains x k {k} x vocab {vocab} (SYNTHETIC rows), device {dev}, "
+          f"{args.accept:.0%} accepted chains (mean accepted {mean_accepted:.2f}), median of {args.reps}; "
+          f"outputs equal: {same}")
+    for name in calls:
+        ms = statistics.median(times[name])
+        print(f"  {name:<26} {ms:9.2f} ms   x{base / ms:5.2f}")
+    return 0 if same or dev.type == "cuda" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
