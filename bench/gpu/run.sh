@@ -22,9 +22,10 @@
 #   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
-#   5b sampled (opt-in: --stages "... sampled") bench_draft_loop.py --quick --temperature 0.8:
-#                      the draft loop and engine steps with seeded sampled requests (draft rows,
-#                      stochastic verification with row totals); JSON in $OUT/sampled/
+#   5b sampled (opt-in: --stages "... sampled") bench/verify_totals.py --device cuda (stochastic
+#                      verification with / without the rows' totals, all and half the chains
+#                      accepted), then bench_draft_loop.py --quick --temperature 0.8: the draft
+#                      loop and engine steps with seeded sampled requests; JSON in $OUT/sampled/
 #   6 timeline (opt-in: --stages "... timeline") bench/gpu/step_timeline.py: engine steps under
 #                      torch.profiler, the GPU's idle time per step attributed to the host phase
 #                      running then, drafts read on the host vs kept on the device; into bench.log
@@ -194,6 +195,10 @@ fi
 if [[ " $STAGES " == *" sampled "* ]]; then  # opt-in: the draft loop with sampled requests
   budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
   if [ "$budget" -ge 30 ]; then
+    stage verify_totals bench 60 "$PYTHON" "$ROOT/bench/verify_totals.py" --device cuda
+    stage verify_totals_half bench 60 "$PYTHON" "$ROOT/bench/verify_totals.py" --device cuda --accept 0.5
+    grep -A2 "^verify_stochastic, 64 chains" "$OUT_DIR/bench.log" | tail -6 | tee -a "$SUMMARY"
+    budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
     stage bench_draft_sampled bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --quick \
       --temperature 0.8 --budget-s "$budget" --out "$OUT_DIR/sampled"
   else
