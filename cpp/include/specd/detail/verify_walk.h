@@ -251,6 +251,37 @@ SPECD_HOST_DEVICE bool visited_row_total(Block& b, const float* row, int32_t voc
 // Whether a probability entry is valid: finite and >= 0.
 SPECD_HOST_DEVICE inline bool valid_prob(float f) { return f >= 0 && f <= FLT_MAX; }
 
+// Asks the device to bring `p` into L2 ahead of a read that depends on others; nothing on the
+// host, no effect on any value.
+SPECD_HOST_DEVICE inline void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
+// With the rows' totals given, a node whose draft is accepted costs a few reads that depend on
+// one another (the draft row's index, then the totals, p(x) and q(x); the walk's next node
+// only after that) and no pass over a row. Before the walk, the threads prefetch those of
+// every drafted node (one node per thread), so that the walk's reads find them in L2.
+// Parents and tokens are valid here (verify_request checked them).
+template <class Block>
+SPECD_HOST_DEVICE void prefetch_accept_inputs(Block& b, const RequestNodes& nodes, const ProbRows& target,
+                                              const ProbRows& draft, const StochasticRowOptions& options) {
+  for (int32_t v = 1 + b.rank(); v < nodes.count; v += b.size()) {
+    const int32_t parent = nodes.begin + nodes.parents[v];
+    const int32_t x = nodes.tokens[v];
+    prefetch_l2(target.data + int64_t{parent} * target.stride + x);
+    if (options.target_totals != nullptr) prefetch_l2(options.target_totals + parent);
+    if (draft.data == nullptr) continue;
+    const int64_t row = draft_row_of(draft, options.draft_index, parent);
+    if (row < 0) continue;
+    prefetch_l2(draft.data + row * draft.stride + x);
+    if (options.draft_totals != nullptr) prefetch_l2(options.draft_totals + row);
+  }
+}
+
 // verify_stochastic's walk. `rejected` holds kMaxVerifyChildren entries (shared memory on
 // the device). draft.data == nullptr: no draft rows. options: verify_batch.h's
 // StochasticRowOptions. Entries are validated where they are read (with given totals a row
@@ -263,6 +294,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
   const bool has_draft = draft.data != nullptr;
   const bool without_replacement = sampling == DraftSampling::kWithoutReplacement;
   const int32_t vocab = target.vocab;
+  if (options.target_totals != nullptr) prefetch_accept_inputs(b, nodes, target, draft, options);
   int32_t node = 0;
   uint32_t depth = 0;
   while (true) {
