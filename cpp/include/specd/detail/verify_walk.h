@@ -315,7 +315,9 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
         if (row < 0) return VerifyStatus::kBadDraftRow;
         q_row = draft.data + row * draft.stride;
         if (!visited_row_total(b, q_row, vocab, options.draft_totals, row, &q_total)) return VerifyStatus::kBadDraftRow;
-        if (without_replacement && repeated_sibling(b, nodes, node)) return VerifyStatus::kRepeatedSibling;
+        // (one child, a chain's node, cannot repeat a sibling: no collective)
+        if (without_replacement && children > 1 && repeated_sibling(b, nodes, node))
+          return VerifyStatus::kRepeatedSibling;
       }
     }
     // p and q of token i after j rejections at this node, from its row entries.
