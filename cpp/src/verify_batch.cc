@@ -46,16 +46,16 @@ Status validate_verify_outputs(const TreeBatchView& trees, const VerifyOutputs& 
   return Status::Ok();
 }
 
-Status validate_prob_rows_for(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
-                              DraftSampling sampling, const StochasticRowOptions& options) {
-  SPECD_RETURN_IF_ERROR(check_rows(target, trees, "target"));
+// The draft rows and options of stochastic verification, for a target of `vocab` tokens.
+Status validate_draft_for(const TreeBatchView& trees, int32_t vocab, const ProbRows* draft, DraftSampling sampling,
+                          const StochasticRowOptions& options) {
   if (draft == nullptr && (options.draft_index != nullptr || options.draft_totals != nullptr))
     return error_status(StatusCode::kInvalidArgument, "draft_index or draft_totals given without draft rows");
   if (draft != nullptr) {
     SPECD_RETURN_IF_ERROR(check_rows(*draft, trees, "draft", options.draft_index != nullptr));
-    if (draft->vocab != target.vocab)
+    if (draft->vocab != vocab)
       return error_status(StatusCode::kInvalidArgument, "draft vocab ", draft->vocab, " differs from target vocab ",
-                          target.vocab);
+                          vocab);
     if (sampling != DraftSampling::kWithoutReplacement && sampling != DraftSampling::kIndependent)
       return error_status(StatusCode::kInvalidArgument, "unknown DraftSampling ", static_cast<int32_t>(sampling));
   }
@@ -88,7 +88,28 @@ Status validate_verify_stochastic(const TreeBatchView& trees, const ProbRows& ta
                                   const StochasticRowOptions& options) {
   SPECD_RETURN_IF_ERROR(validate_tree_batch(trees));
   SPECD_RETURN_IF_ERROR(validate_verify_outputs(trees, out));
-  SPECD_RETURN_IF_ERROR(validate_prob_rows_for(trees, target, draft, sampling, options));
+  SPECD_RETURN_IF_ERROR(check_rows(target, trees, "target"));
+  SPECD_RETURN_IF_ERROR(validate_draft_for(trees, target.vocab, draft, sampling, options));
+  if (trees.batch > 0 && rng == nullptr)
+    return error_status(StatusCode::kInvalidArgument, "verify_stochastic: null rng");
+  return Status::Ok();
+}
+
+Status validate_verify_stochastic_logits(const TreeBatchView& trees, const TargetLogits& target,
+                                         const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                         const VerifyOutputs& out, const StochasticRowOptions& options) {
+  SPECD_RETURN_IF_ERROR(validate_tree_batch(trees));
+  SPECD_RETURN_IF_ERROR(validate_verify_outputs(trees, out));
+  SPECD_RETURN_IF_ERROR(validate_logit_rows(target.logits));
+  if (target.logits.rows < trees.num_nodes)
+    return error_status(StatusCode::kInvalidArgument, "target logits: ", target.logits.rows, " rows for ",
+                        trees.num_nodes, " nodes; one row per node is needed");
+  if (trees.batch > 0 && target.params == nullptr)
+    return error_status(StatusCode::kInvalidArgument, "verify_stochastic from logits: null params");
+  if (options.target_totals != nullptr)
+    return error_status(StatusCode::kInvalidArgument,
+                        "verify_stochastic from logits takes no target_totals: the walk sums the rows it plans");
+  SPECD_RETURN_IF_ERROR(validate_draft_for(trees, target.logits.vocab, draft, sampling, options));
   if (trees.batch > 0 && rng == nullptr)
     return error_status(StatusCode::kInvalidArgument, "verify_stochastic: null rng");
   return Status::Ok();
@@ -135,10 +156,33 @@ Status verify_stochastic_batch_cpu(const TreeBatchView& trees, const ProbRows& t
   detail::Rejection rejected[kMaxVerifyChildren];
   for (int32_t r = 0; r < trees.batch; ++r) {
     detail::verify_request(b, trees, r, target.vocab, out, [&](const detail::RequestNodes& n, detail::Emitter& e) {
-      return detail::stochastic_walk(b, n, e, target, draft != nullptr ? *draft : no_draft, options, sampling,
-                                     rng[r], rejected);
+      detail::ProbTarget rows{target, options.target_totals};
+      return detail::stochastic_walk(b, n, e, rows, draft != nullptr ? *draft : no_draft, options, sampling, rng[r],
+                                     rejected);
     });
   }
+  return Status::Ok();
+}
+
+Status verify_stochastic_logits_batch_cpu(const TreeBatchView& trees, const TargetLogits& target,
+                                          const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                          const VerifyOutputs& out, const StochasticRowOptions& options) {
+  SPECD_RETURN_IF_ERROR(validate_verify_stochastic_logits(trees, target, draft, sampling, rng, out, options));
+  const ProbRows no_draft{};
+  detail::SerialBlock b;
+  detail::Rejection rejected[kMaxVerifyChildren];
+  detail::RowPlan plan;
+  detail::dispatch_logits_dtype(target.logits.dtype, [&](auto tag) {
+    using Row = decltype(tag);
+    for (int32_t r = 0; r < trees.batch; ++r) {
+      const int32_t vocab = target.logits.vocab;
+      detail::verify_request(b, trees, r, vocab, out, [&](const detail::RequestNodes& n, detail::Emitter& e) {
+        detail::LogitTarget<Row> rows{target.logits, target.params[r], &plan};
+        return detail::stochastic_walk(b, n, e, rows, draft != nullptr ? *draft : no_draft, options, sampling,
+                                       rng[r], rejected);
+      });
+    }
+  });
   return Status::Ok();
 }
 

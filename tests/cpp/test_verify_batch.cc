@@ -130,13 +130,14 @@ void run_threaded_batch(const VerifyCase& c, VerifyKind kind, int32_t threads, B
               return *token < 0 ? VerifyStatus::kBadToken : VerifyStatus::kOk;
             });
           case VerifyKind::kStochastic:
-            return detail::stochastic_walk(b, n, e, c.target_rows(), c.draft_rows(), {}, c.sampling,
-                                           c.keys[static_cast<std::size_t>(r)], rejected);
+            break;
           case VerifyKind::kStochasticNoDraft:
             break;
         }
-        return detail::stochastic_walk(b, n, e, c.target_rows(), ProbRows{}, {}, c.sampling,
-                                       c.keys[static_cast<std::size_t>(r)], rejected);
+        detail::ProbTarget target{c.target_rows(), nullptr};
+        const ProbRows draft = kind == VerifyKind::kStochastic ? c.draft_rows() : ProbRows{};
+        return detail::stochastic_walk(b, n, e, target, draft, {}, c.sampling, c.keys[static_cast<std::size_t>(r)],
+                                       rejected);
       });
     });
   }

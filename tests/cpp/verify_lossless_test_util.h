@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,12 +27,12 @@ struct LosslessBatch {
 // The root proposes 3 children (drawn from the draft row with or without replacement, or
 // for kOneHot the draft's argmax or a random token, without draft rows), each child one
 // grandchild. Rows depend on (depth, token); the target bans the last token, the draft
-// does not.
+// does not. c.logits holds the logits of the target rows (default SamplingParams).
 inline LosslessBatch make_lossless_batch(Proposal how, int64_t trials) {
   constexpr int32_t V = 12;
   std::mt19937_64 g(77);
   std::normal_distribution<float> normal(0.0f, 1.5f);
-  std::vector<float> p_rows(3 * V * V), q_rows(p_rows.size());  // [depth][token][V]
+  std::vector<float> p_rows(3 * V * V), q_rows(p_rows.size()), l_rows(p_rows.size());  // [depth][token][V]
   for (std::size_t r = 0; r < 3 * V; ++r) {
     std::vector<float> l(V), d(V);
     for (std::size_t i = 0; i < V; ++i) {
@@ -39,6 +40,7 @@ inline LosslessBatch make_lossless_batch(Proposal how, int64_t trials) {
       d[i] = l[i] + normal(g);
     }
     l[V - 1] = -INFINITY;
+    std::copy(l.begin(), l.end(), l_rows.begin() + static_cast<std::ptrdiff_t>(r * V));
     EXPECT_TRUE(sampling_probs(l, {}, Span<float>(p_rows.data() + r * V, V)).ok());
     EXPECT_TRUE(sampling_probs(d, {}, Span<float>(q_rows.data() + r * V, V)).ok());
   }
@@ -56,7 +58,7 @@ inline LosslessBatch make_lossless_batch(Proposal how, int64_t trials) {
     c.tokens.push_back(token);
     c.target.insert(c.target.end(), row(p_rows, depth, token), row(p_rows, depth, token) + V);
     c.draft.insert(c.draft.end(), row(q_rows, depth, token), row(q_rows, depth, token) + V);
-    c.logits.insert(c.logits.end(), V, 0.0f);
+    c.logits.insert(c.logits.end(), row(l_rows, depth, token), row(l_rows, depth, token) + V);  // p's logits
     c.target_tokens.push_back(0);
   };
   for (int64_t t = 0; t < trials; ++t) {

@@ -46,6 +46,20 @@
 //     result is wrong. With the producers' totals on the CPU the results are the same bits
 //     as without (the same sums); on the GPU a total may differ from the walk's own sum in
 //     the order of its additions (docs/cuda.md's exactness note).
+// - Stochastic verification from the target's logits (verify_stochastic_logits_batch): the
+//   target distribution of node n of request r is sampling_probs(logits row n, params[r])
+//   (sampling.h rules), computed where the walk needs it instead of given as a probability row:
+//   at each node it visits, the walk plans that row (the sampling kernels' row plan,
+//   detail/sample_row.h: the softmax normalizer and any top-k / top-p / min-p cut) and sums its
+//   float probabilities; an entry is then the float sampling_probs_batch would write, recomputed
+//   from its logit where a test, a residual or the draw reads it. The results equal
+//   verify_stochastic_batch's on sampling_probs_batch's rows and totals (the same bits on the
+//   CPU; on the GPU where the sums are folded alike, as for the totals above), while only the
+//   rows of visited nodes are read, and no [num_nodes, vocab] float32 rows are written. A
+//   visited row with a NaN or +inf logit, or no finite one, gives kBadTargetRow, bad
+//   params[r] kBadSamplingParams; rows of nodes the walk does not visit are not read (as
+//   greedy verification). options.target_totals must be null (the walk sums the rows it
+//   plans); draft_index and draft_totals apply as above.
 // - Stochastic verification handles at most kMaxVerifyChildren children per visited node
 //   (the residual distributions are recomputed from the per-sibling totals, which a block
 //   keeps in shared memory): a request over the limit gets kTooManyChildren, on the CPU too.
@@ -80,12 +94,13 @@ enum class VerifyStatus : int32_t {
   kOk = 0,
   kBadTree = 1,               // offsets out of [0, num_nodes] or empty; parents break the rules
   kBadToken = 2,              // a draft token outside [0, vocab); greedy tokens: negative target token
-  kBadTargetRow = 3,          // a visited target row: NaN (greedy); non-finite, negative or zero sum
+  kBadTargetRow = 3,          // a visited target row: NaN (greedy); non-finite, negative or zero sum; from logits: NaN / +inf or no finite logit
   kBadDraftRow = 4,           // a visited draft row: non-finite, negative or zero sum, or no row (draft_index)
   kZeroDraftProbability = 5,  // a drafted token has draft probability 0
   kRepeatedSibling = 6,       // kWithoutReplacement siblings with the same token
   kTooManyChildren = 7,       // a visited node has more than kMaxVerifyChildren children
   kOutputTooSmall = 8,        // padded outputs: the request has more nodes than `stride`
+  kBadSamplingParams = 9,     // verification from logits: the request's SamplingParams are invalid
 };
 
 inline constexpr int32_t kMaxVerifyChildren = 64;
@@ -97,6 +112,13 @@ struct StochasticRowOptions {
   const double* draft_totals = nullptr;   // [draft.rows] each draft row's total; null: summed by the walk
 };
 
+// The target of stochastic verification from logits (the rules above; device memory for the
+// kernels).
+struct TargetLogits {
+  LogitRows logits;                       // [rows >= num_nodes, stride] the target's logits, node n at row n
+  const SamplingParams* params = nullptr;  // [batch] each request's sampling parameters
+};
+
 // The checks of each call (sizes and pointers, not contents), shared by the CPU functions and
 // the CUDA launchers.
 Status validate_verify_greedy(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
@@ -105,6 +127,9 @@ Status validate_verify_greedy_tokens(const TreeBatchView& trees, const int32_t* 
 Status validate_verify_stochastic(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                   DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
                                   const StochasticRowOptions& options = {});
+Status validate_verify_stochastic_logits(const TreeBatchView& trees, const TargetLogits& target,
+                                         const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                         const VerifyOutputs& out, const StochasticRowOptions& options = {});
 
 // Greedy from the target's logits/scores: target.rows >= num_nodes.
 Status verify_greedy_batch_cpu(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out);
@@ -116,5 +141,11 @@ Status verify_greedy_tokens_batch_cpu(const TreeBatchView& trees, const int32_t*
 Status verify_stochastic_batch_cpu(const TreeBatchView& trees, const ProbRows& target, const ProbRows* draft,
                                    DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
                                    const StochasticRowOptions& options = {});
+
+// Stochastic from the target's logits and each request's SamplingParams (the rules above);
+// draft, sampling, rng, options as verify_stochastic_batch_cpu's (options.target_totals null).
+Status verify_stochastic_logits_batch_cpu(const TreeBatchView& trees, const TargetLogits& target,
+                                          const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                          const VerifyOutputs& out, const StochasticRowOptions& options = {});
 
 }  // namespace specd

@@ -15,6 +15,7 @@
 #include "specd/detail/block_algorithms.h"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/sampling_rules.h"
+#include "specd/detail/verify_target.h"
 #include "specd/host_device.h"
 #include "specd/philox.h"
 #include "specd/verify.h"
@@ -194,30 +195,11 @@ SPECD_HOST_DEVICE VerifyStatus row_argmax(Block& b, const Row& row, int32_t voca
   return VerifyStatus::kOk;
 }
 
-// Float32 probability rows are read with this many loads in flight per thread (256 threads
-// per request on the GPU; row_argmax: 2 * kLoadBatch with 1024 threads).
-inline constexpr int32_t kProbLoadBatch = 16;
-
 // Entry i of a node's target (p) and draft (q, 0 without a draft row) rows.
 struct ProbPair {
   float p;
   float q;
 };
-
-// LazyDistribution::load of verify.cc: validates a probability row and sums it.
-template <class Block>
-SPECD_HOST_DEVICE bool load_prob_row(Block& b, const float* row, int32_t vocab, double* total) {
-  bool bad = false;
-  double s = 0;
-  for_each_strided<2 * kProbLoadBatch>(b, vocab, [row](int32_t i) { return row[i]; }, [&](int32_t, float f) {
-    const double v = static_cast<double>(f);
-    bad = bad || !(is_finite(v) && v >= 0);
-    s += v;
-  });
-  if (b.any(bad)) return false;
-  *total = b.sum(s);
-  return *total > 0;
-}
 
 // Whether two children of `node` hold the same token.
 template <class Block>
@@ -238,42 +220,18 @@ SPECD_HOST_DEVICE inline int64_t draft_row_of(const ProbRows& draft, const int32
   return row >= 0 && row < draft.rows ? row : -1;
 }
 
-// A visited row's total: totals[index] when the caller gave totals (it must be finite and
-// > 0), else load_prob_row's (the row read whole, validated and summed). False: a bad row.
-template <class Block>
-SPECD_HOST_DEVICE bool visited_row_total(Block& b, const float* row, int32_t vocab, const double* totals,
-                                         int64_t index, double* total) {
-  if (totals == nullptr) return load_prob_row(b, row, vocab, total);
-  *total = totals[index];
-  return is_finite(*total) && *total > 0;
-}
-
-// Whether a probability entry is valid: finite and >= 0.
-SPECD_HOST_DEVICE inline bool valid_prob(float f) { return f >= 0 && f <= FLT_MAX; }
-
-// Asks the device to bring `p` into L2 ahead of a read that depends on others; nothing on the
-// host, no effect on any value.
-SPECD_HOST_DEVICE inline void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
-#endif
-}
-
 // With the rows' totals given, a node whose draft is accepted costs a few reads that depend on
 // one another (the draft row's index, then the totals, p(x) and q(x); the walk's next node
 // only after that) and no pass over a row. Before the walk, the threads prefetch those of
 // every drafted node (one node per thread), so that the walk's reads find them in L2.
 // Parents and tokens are valid here (verify_request checked them).
-template <class Block>
-SPECD_HOST_DEVICE void prefetch_accept_inputs(Block& b, const RequestNodes& nodes, const ProbRows& target,
+template <class Block, class Target>
+SPECD_HOST_DEVICE void prefetch_accept_inputs(Block& b, const RequestNodes& nodes, const Target& target,
                                               const ProbRows& draft, const StochasticRowOptions& options) {
   for (int32_t v = 1 + b.rank(); v < nodes.count; v += b.size()) {
     const int32_t parent = nodes.begin + nodes.parents[v];
     const int32_t x = nodes.tokens[v];
-    prefetch_l2(target.data + int64_t{parent} * target.stride + x);
-    if (options.target_totals != nullptr) prefetch_l2(options.target_totals + parent);
+    target.prefetch(parent, x);
     if (draft.data == nullptr) continue;
     const int64_t row = draft_row_of(draft, options.draft_index, parent);
     if (row < 0) continue;
@@ -282,27 +240,27 @@ SPECD_HOST_DEVICE void prefetch_accept_inputs(Block& b, const RequestNodes& node
   }
 }
 
-// verify_stochastic's walk. `rejected` holds kMaxVerifyChildren entries (shared memory on
-// the device). draft.data == nullptr: no draft rows. options: verify_batch.h's
-// StochasticRowOptions. Entries are validated where they are read (with given totals a row
-// is not read whole first): an invalid one makes a row pass's sum NaN (target) or the
-// draft's sum NaN / the final sum -inf (draft), which the walk reports.
-template <class Block>
-SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nodes, Emitter& emit, const ProbRows& target,
+// verify_stochastic's walk. `target`: where p comes from (verify_target.h: ProbTarget,
+// LogitTarget). `rejected` holds kMaxVerifyChildren entries (shared memory on the device).
+// draft.data == nullptr: no draft rows. options: verify_batch.h's StochasticRowOptions (its
+// target_totals are the ProbTarget's). Entries are validated where they are read (with given
+// totals a row is not read whole first): an invalid one makes a row pass's sum NaN (target) or
+// the draft's sum NaN / the final sum -inf (draft), which the walk reports.
+template <class Block, class Target>
+SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nodes, Emitter& emit, Target& target,
                                                const ProbRows& draft, const StochasticRowOptions& options,
                                                DraftSampling sampling, const RngKey& rng, Rejection* rejected) {
   const bool has_draft = draft.data != nullptr;
   const bool without_replacement = sampling == DraftSampling::kWithoutReplacement;
-  const int32_t vocab = target.vocab;
+  const int32_t vocab = target.vocab();
   if (options.target_totals != nullptr) prefetch_accept_inputs(b, nodes, target, draft, options);
   int32_t node = 0;
   uint32_t depth = 0;
   while (true) {
     const uint32_t position = rng.position + depth;
-    const float* p_row = target.data + int64_t{nodes.begin + node} * target.stride;
     double p_total = 0;
-    if (!visited_row_total(b, p_row, vocab, options.target_totals, nodes.begin + node, &p_total))
-      return VerifyStatus::kBadTargetRow;
+    const VerifyStatus visited = target.visit(b, nodes.begin + node, &p_total);
+    if (visited != VerifyStatus::kOk) return visited;
     const int32_t first = next_child(nodes, node, node);
     const float* q_row = nullptr;
     double q_total = 1.0;
@@ -322,17 +280,22 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
     }
     // p and q of token i after j rejections at this node, from its row entries.
     const double p_inv = 1.0 / p_total, q_inv = 1.0 / q_total;
+    // `v`: the entries of token i (entries() of load(i): load gives target.raw(i), the entry or
+    // the logit, so that the passes batch pure reads; entries() then makes p's entry of it).
     const auto probs_of = [&](int32_t i, const ProbPair& v, int32_t j, double* p, double* q) {
       const double p0 = exact_mul(static_cast<double>(v.p), p_inv);
       const double q0 = has_draft && q_row != nullptr ? exact_mul(static_cast<double>(v.q), q_inv) : 0.0;
       residual_probs(p0, q0, i, rejected, j, has_draft, without_replacement, p, q);
     };
-    const auto load = [&](int32_t i) { return ProbPair{p_row[i], q_row != nullptr ? q_row[i] : 0.0f}; };
-    const auto probs_at = [&](int32_t i, int32_t j, double* p, double* q) { probs_of(i, load(i), j, p, q); };
+    const auto load = [&](int32_t i) { return ProbPair{target.raw(i), q_row != nullptr ? q_row[i] : 0.0f}; };
+    const auto entries = [&](int32_t i, const ProbPair& raw) { return ProbPair{target.entry(i, raw.p), raw.q}; };
+    const auto probs_at = [&](int32_t i, int32_t j, double* p, double* q) {
+      probs_of(i, entries(i, load(i)), j, p, q);
+    };
     int32_t j = 0, accepted = -1;
     for (int32_t c = first; c >= 0; c = next_child(nodes, node, c), ++j) {
       const int32_t x = nodes.tokens[c];
-      const ProbPair vx = load(x);
+      const ProbPair vx = entries(x, load(x));
       if (!valid_prob(vx.p)) return VerifyStatus::kBadTargetRow;
       if (!valid_prob(vx.q)) return VerifyStatus::kBadDraftRow;
       double px = 0, qx = 0;
@@ -346,7 +309,8 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       }
       // Rejected: the totals that normalize the residuals of sibling j + 1.
       double p_sum = 0, q_sum = 0;
-      for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& v) {
+      for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& raw) {
+        const ProbPair v = entries(i, raw);
         double p = 0, q = 0;
         probs_of(i, v, j, &p, &q);
         if (has_draft) {
@@ -378,7 +342,8 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       return p;
     };
     double local = 0;
-    for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& v) {
+    for_each_strided<kProbLoadBatch>(b, vocab, load, [&](int32_t i, const ProbPair& raw) {
+      const ProbPair v = entries(i, raw);
       double p = 0, q = 0;
       probs_of(i, v, j, &p, &q);
       local += p;
