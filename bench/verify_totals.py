@@ -28,6 +28,56 @@ def sequential_totals(rows: torch.Tensor) -> torch.Tensor:
     return rows.double().cumsum(-1)[:, -1]
 
 
+def synthetic_chains(n: int, k: int, vocab: int, accept: float, seed: int = 1) -> dict:
+    """The SYNTHETIC chains of the module docstring (CPU tensors): target logits and rows, draft
+    rows, the chains' tokens, parents, offsets and keys, and ``accepted`` (requests drafting the
+    target's argmax)."""
+    import specd.ops as ops
+
+    width = k + 1
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n * width, vocab, generator=g) * 4
+    target = torch.softmax(logits, -1)
+    accepted = int(round(accept * n))
+    draft = torch.softmax(logits + torch.randn(n * width, vocab, generator=g), -1)
+    draft[accepted * width:] = torch.softmax(-logits[accepted * width:], -1)
+    tokens = torch.zeros(n * width, dtype=torch.int32)
+    chains = tokens.view(n, width)
+    chains[:accepted, 1:] = target.argmax(-1).int().view(n, width)[:accepted, :-1]
+    chains[accepted:, 1:] = draft.argmax(-1).int().view(n, width)[accepted:, :-1]
+    return dict(logits=logits, target=target, draft=draft, tokens=tokens,
+                parents=torch.arange(-1, k, dtype=torch.int32).repeat(n),
+                offsets=torch.arange(0, n * width + 1, width, dtype=torch.int32),
+                keys=ops.pack_rng_keys(torch.tensor(3), torch.arange(n), torch.tensor(0), torch.full((n,), 100)))
+
+
+def time_calls(calls: dict, reps: int, dev: torch.device) -> dict:
+    """ms of each call, ``reps`` interleaved runs (CUDA: events around the call)."""
+    times = {name: [] for name in calls}
+    for _ in range(reps):
+        for name, call in calls.items():
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                call()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                call()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def print_table(times: dict, base: str) -> None:
+    """Median ms of each call and its speed-up over ``base``."""
+    ref = statistics.median(times[base])
+    for name in times:
+        ms = statistics.median(times[name])
+        print(f"  {name:<34} {ms:9.2f} ms   x{ref / ms:5.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
@@ -41,24 +91,10 @@ def main(argv=None) -> int:
 
     dev = torch.device(args.device)
     n, k, vocab = args.batch, args.k, args.vocab
-    width = k + 1
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(n * width, vocab, generator=g) * 4
-    target = torch.softmax(logits, -1)
-    accepted = int(round(args.accept * n))
-    draft = torch.softmax(logits + torch.randn(n * width, vocab, generator=g), -1)
-    draft[accepted * width:] = torch.softmax(-logits[accepted * width:], -1)
-    tokens = torch.zeros(n * width, dtype=torch.int32)
-    chains = tokens.view(n, width)
-    chains[:accepted, 1:] = target.argmax(-1).int().view(n, width)[:accepted, :-1]
-    chains[accepted:, 1:] = draft.argmax(-1).int().view(n, width)[accepted:, :-1]
-    parents = torch.arange(-1, k, dtype=torch.int32).repeat(n)
-    offsets = torch.arange(0, n * width + 1, width, dtype=torch.int32)
-    keys = ops.pack_rng_keys(torch.tensor(3), torch.arange(n), torch.tensor(0), torch.full((n,), 100))
+    c = {name: t.to(dev) for name, t in synthetic_chains(n, k, vocab, args.accept).items()}
+    offsets, parents, tokens, target, draft, keys = (c[x] for x in ("offsets", "parents", "tokens", "target", "draft",
+                                                                    "keys"))
     t_totals, d_totals = sequential_totals(target), sequential_totals(draft)
-    to = lambda *ts: [t.to(dev) for t in ts]  # noqa: E731
-    offsets, parents, tokens, target, draft, keys, t_totals, d_totals = to(
-        offsets, parents, tokens, target, draft, keys, t_totals, d_totals)
     calls = {
         "rows summed by the walk": lambda: ops.verify_stochastic(offsets, parents, tokens, target, draft, keys,
                                                                  cluster=True),
@@ -68,27 +104,11 @@ def main(argv=None) -> int:
     outs = {name: call() for name, call in calls.items()}
     same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
     mean_accepted = float(outs["row totals given"][2].float().mean())
-    times = {name: [] for name in calls}
-    for _ in range(args.reps):
-        for name, call in calls.items():
-            if dev.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                call()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                call()
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    base = statistics.median(times["rows summed by the walk"])
+    times = time_calls(calls, args.reps, dev)
     print(f"verify_stochastic, {n} chains x k {k} x vocab {vocab} (SYNTHETIC rows), device {dev}, "
           f"{args.accept:.0%} accepted chains (mean accepted {mean_accepted:.2f}), median of {args.reps}; "
           f"outputs equal: {same}")
-    for name in calls:
-        ms = statistics.median(times[name])
-        print(f"  {name:<26} {ms:9.2f} ms   x{base / ms:5.2f}")
+    print_table(times, "rows summed by the walk")
     return 0 if same or dev.type == "cuda" else 1
 
 

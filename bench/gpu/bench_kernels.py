@@ -452,6 +452,28 @@ def bench_verification(s: Setup) -> list[dict]:
                    "cluster, rows summed by the walk", clustered,
                    f"outputs equal={same_t} (totals summed by torch: another order of additions)",
                    0, "no fixed bound: what it reads depends on the acceptances"))
+    # From the target's logits (verify_stochastic_logits): the step's whole sampled verification
+    # (temperature 1, the draft rows' totals given) against sampling_probs writing every node's
+    # row and total, then the verification above; both with a cluster per row / request.
+    params = ops.pack_sampling_params(torch.ones(nodes, dtype=torch.float64, device=dev),
+                                      torch.zeros(nodes, dtype=torch.int64, device=dev),
+                                      torch.ones(nodes, dtype=torch.float64, device=dev),
+                                      torch.zeros(nodes, dtype=torch.float64, device=dev))
+    p_totals = torch.empty(nodes, dtype=torch.float64, device=dev)
+
+    def rows_then_verify():
+        probs, _ = ops.sampling_probs(logits16, params, True, p_totals)
+        return ops.verify_stochastic(offsets, parents, tokens, probs, draft_probs, keys, "without_replacement", width,
+                                     cluster=True, target_totals=p_totals, draft_totals=d_totals)
+
+    from_logits = lambda: ops.verify_stochastic_logits(offsets, parents, tokens, logits16,  # noqa: E731
+                                                       params[:n], draft_probs, keys, "without_replacement", width,
+                                                       cluster=True, draft_totals=d_totals)
+    same_l = all(torch.equal(a, b) for a, b in zip(from_logits(), rows_then_verify()))
+    out.append(row(s, "verify_stochastic_logits cluster", f"{shape} {'bf16' if s.cuda else 'fp32'} logits",
+                   s.measure(from_logits), "sampling_probs + verify_stochastic (cluster, totals)",
+                   s.measure(rows_then_verify), f"outputs equal={same_l}",
+                   0, "no fixed bound: the visited nodes' logits rows, planned in the walk"))
     return out
 
 
@@ -615,7 +637,8 @@ def main(argv=None) -> int:
           f"JSON -> {args.out}/bench_kernels.json")
     if args.dry_run:
         missing = [n for n in ("kv_write_cuda", "tree_attention_cuda", "sample_tokens_batch_cuda",
-                               "verify_stochastic_batch_cuda") if not hasattr(_core, n)]
+                               "verify_stochastic_batch_cuda", "verify_stochastic_logits_batch_cuda")
+                   if not hasattr(_core, n)]
         print("dry run: imports ok" + (f"; this _core lacks {missing} (built without CUDA)" if missing else ""))
         return 0
     if args.smoke_cpu:

@@ -24,7 +24,10 @@
 #                      eager and captured; JSON in $OUT/tree/
 #   5b sampled (opt-in: --stages "... sampled") bench/verify_totals.py --device cuda (stochastic
 #                      verification with / without the rows' totals, all and half the chains
-#                      accepted), then bench_draft_loop.py --quick --temperature 0.8: the draft
+#                      accepted), bench/verify_logits.py --device cuda (the step's sampled
+#                      verification from bfloat16 logits vs sampling_probs + verify_stochastic,
+#                      all chains accepted; half with top-p 0.9), then
+#                      bench_draft_loop.py --quick --temperature 0.8: the draft
 #                      loop and engine steps with seeded sampled requests; JSON in $OUT/sampled/
 #   6 timeline (opt-in: --stages "... timeline") bench/gpu/step_timeline.py: engine steps under
 #                      torch.profiler, the GPU's idle time per step attributed to the host phase
@@ -198,6 +201,10 @@ if [[ " $STAGES " == *" sampled "* ]]; then  # opt-in: the draft loop with sampl
     stage verify_totals bench 60 "$PYTHON" "$ROOT/bench/verify_totals.py" --device cuda
     stage verify_totals_half bench 60 "$PYTHON" "$ROOT/bench/verify_totals.py" --device cuda --accept 0.5
     grep -A2 "^verify_stochastic, 64 chains" "$OUT_DIR/bench.log" | tail -6 | tee -a "$SUMMARY"
+    stage verify_logits bench 90 "$PYTHON" "$ROOT/bench/verify_logits.py" --device cuda --dtype bfloat16
+    stage verify_logits_half bench 90 "$PYTHON" "$ROOT/bench/verify_logits.py" --device cuda --dtype bfloat16 \
+      --accept 0.5 --top-p 0.9
+    grep -A2 "^sampled verification, 64 chains" "$OUT_DIR/bench.log" | tail -6 | tee -a "$SUMMARY"
     budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
     stage bench_draft_sampled bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --quick \
       --temperature 0.8 --budget-s "$budget" --out "$OUT_DIR/sampled"

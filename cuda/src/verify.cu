@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads)
   const auto r = static_cast<int32_t>(blockIdx.x);
   const RngKey key = rng[r];
   specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::stochastic_walk(b, n, e, target, draft, options, sampling, key, rejected);
+    specd::detail::ProbTarget rows{target, options.target_totals};
+    return specd::detail::stochastic_walk(b, n, e, rows, draft, options, sampling, key, rejected);
   });
 }
 
@@ -81,8 +82,52 @@ __global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
   const auto r = static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks;
   const RngKey key = rng[r];
   specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::stochastic_walk(b, n, e, target, draft, options, sampling, key, rejected);
+    specd::detail::ProbTarget rows{target, options.target_totals};
+    return specd::detail::stochastic_walk(b, n, e, rows, draft, options, sampling, key, rejected);
   });
+  b.finish();
+#endif
+}
+
+// From the target's logits (verify_batch.h, TargetLogits): each visited node's row is planned
+// by the block (cluster) as the sampling kernels plan a row, the plan kept in shared memory
+// (in registers it spilled in those kernels; sample_row.h), one copy per block.
+template <class Row, class B>
+__device__ void verify_logits_request(B& b, int32_t r, const TreeBatchView& trees, const TargetLogits& target,
+                                      const ProbRows& draft, const StochasticRowOptions& options,
+                                      DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
+                                      specd::detail::Rejection* rejected) {
+  __shared__ specd::detail::RowPlan plan;
+  const RngKey key = rng[r];
+  const SamplingParams params = target.params[r];
+  specd::detail::verify_request(b, trees, r, target.logits.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    specd::detail::LogitTarget<Row> rows{target.logits, params, &plan};
+    return specd::detail::stochastic_walk(b, n, e, rows, draft, options, sampling, key, rejected);
+  });
+}
+
+template <class Row>
+__global__ void __launch_bounds__(kThreads)
+    verify_logits_kernel(TreeBatchView trees, TargetLogits target, ProbRows draft, StochasticRowOptions options,
+                         DraftSampling sampling, const RngKey* rng, VerifyOutputs out) {
+  __shared__ Block::Shared shared;
+  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
+  Block b(&shared);
+  verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x), trees, target, draft, options, sampling, rng, out,
+                             rejected);
+}
+
+template <class Row>
+__global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
+    verify_logits_cluster_kernel(TreeBatchView trees, TargetLogits target, ProbRows draft,
+                                 StochasticRowOptions options, DraftSampling sampling, const RngKey* rng,
+                                 VerifyOutputs out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ ClusterBlk::Shared shared;
+  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
+  ClusterBlk b(&shared);
+  verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, trees, target, draft,
+                             options, sampling, rng, out, rejected);
   b.finish();
 #endif
 }
@@ -118,6 +163,21 @@ cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& 
   const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
   return detail::launch_rows(split, verify_stochastic_kernel, kThreads, verify_stochastic_cluster_kernel, kThreads,
                              trees.batch, stream, trees, target, draft_rows, options, sampling, rng, out);
+}
+
+cudaError_t verify_stochastic_logits_batch(const TreeBatchView& trees, const TargetLogits& target,
+                                           const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                           const VerifyOutputs& out, cudaStream_t stream, RowSplit split,
+                                           const StochasticRowOptions& options) {
+  if (!validate_verify_stochastic_logits(trees, target, draft, sampling, rng, out, options).ok())
+    return cudaErrorInvalidValue;
+  if (trees.batch == 0) return cudaSuccess;
+  const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
+  return specd::detail::dispatch_logits_dtype(target.logits.dtype, [&](auto row) {
+    using Row = decltype(row);
+    return detail::launch_rows(split, verify_logits_kernel<Row>, kThreads, verify_logits_cluster_kernel<Row>, kThreads,
+                               trees.batch, stream, trees, target, draft_rows, options, sampling, rng, out);
+  });
 }
 
 bool verify_clusters_available() { return detail::cluster_ready(verify_stochastic_cluster_kernel); }

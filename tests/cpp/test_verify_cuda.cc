@@ -4,7 +4,8 @@
 // without draft rows, both draft sampling modes, plus requests with bad inputs; and a
 // statistical check that GPU stochastic verification is lossless (the first emitted token
 // follows the target distribution, chi-square). Stochastic verification runs with one block and
-// with a thread-block cluster per request (RowSplit). Skips, saying why, without a CUDA device.
+// with a thread-block cluster per request (RowSplit), from probability rows and from the
+// target's logits (verify_stochastic_logits_batch). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,7 @@
 #include "specd/cuda/verify.h"
 #include "specd/verify_batch.h"
 #include "verify_batch_test_util.h"
+#include "verify_logits_test_util.h"
 #include "verify_lossless_test_util.h"
 
 namespace specd::testing {
@@ -230,6 +232,87 @@ TEST(VerifyCudaLossless, ClusteredTreeWithDraftRowsWithoutReplacement) {
   check_lossless(Proposal::kDraftWithoutReplacement, VerifyKind::kStochastic, cuda::RowSplit::kCluster);
 }
 
+// ---- stochastic verification from the target's logits ----
+
+// Uploads the case, runs verify_stochastic_logits_batch (draft rows in node order, or none),
+// downloads `out`.
+void run_gpu_logits(const LogitVerifyCase& lc, bool has_draft, cuda::RowSplit split, BatchOutputs* out) {
+  const VerifyCase& c = lc.c;
+  DeviceBuffer<int32_t> offsets(c.offsets), parents(c.parents), tokens(c.tokens);
+  DeviceBuffer<float> draft(c.draft), logits32(c.logits);
+  DeviceBuffer<uint16_t> words(lc.words.empty() ? std::vector<uint16_t>{0} : lc.words);
+  DeviceBuffer<SamplingParams> params(lc.params);
+  DeviceBuffer<RngKey> keys(c.keys);
+  DeviceBuffer<int32_t> o_tokens(out->tokens), o_path(out->path), o_accepted(out->num_accepted), o_status(out->status);
+  ASSERT_TRUE(offsets.get() && parents.get() && tokens.get() && draft.get() && logits32.get() && words.get() &&
+              params.get() && keys.get() && o_tokens.get() && o_path.get() && o_accepted.get() && o_status.get());
+  const TreeBatchView trees{offsets.get(), parents.get(), tokens.get(), c.batch(), c.num_nodes()};
+  const VerifyOutputs o{o_tokens.get(), o_path.get(), o_accepted.get(), o_status.get(), out->stride};
+  LogitRows l = lc.logits();
+  l.data = lc.dtype == LogitsDtype::kFloat32 ? static_cast<const void*>(logits32.get())
+                                             : static_cast<const void*>(words.get());
+  const ProbRows q{draft.get(), c.num_nodes(), c.vocab, c.stride};
+  cudaStream_t stream = nullptr;
+  SPECD_CUDA_OK(cudaStreamCreate(&stream));
+  SPECD_CUDA_OK(cuda::verify_stochastic_logits_batch(trees, TargetLogits{l, params.get()}, has_draft ? &q : nullptr,
+                                                     c.sampling, keys.get(), o, stream, split));
+  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
+  SPECD_CUDA_OK(cudaStreamDestroy(stream));
+  out->tokens = o_tokens.to_host();
+  out->path = o_path.to_host();
+  out->num_accepted = o_accepted.to_host();
+  out->status = o_status.to_host();
+}
+
+// The kernels' results equal verify_stochastic_logits_batch_cpu's (which equal verification of
+// sampling_probs' rows, test_verify_logits.cc), for every dtype, proposal kind and split, with
+// requests that fail (bad parameters, bad logits) among them.
+TEST(VerifyCudaLogits, MatchesCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  for (const LogitsDtype dtype : {LogitsDtype::kFloat32, LogitsDtype::kFloat16, LogitsDtype::kBFloat16}) {
+    for (const Proposal how : {Proposal::kDraftWithoutReplacement, Proposal::kDraftIndependent, Proposal::kOneHot}) {
+      for (const int32_t vocab : {5, 300, 32000}) {
+        const bool has_draft = how != Proposal::kOneHot;
+        const LogitVerifyCase lc = random_logit_verify_case(
+            4000 + static_cast<uint64_t>(vocab) + static_cast<uint64_t>(dtype) * 11, vocab >= 32000 ? 24 : 100, vocab,
+            how, dtype, 6);
+        const ProbRows q = lc.c.draft_rows();
+        BatchOutputs cpu(lc.c.batch(), lc.c.num_nodes());
+        SPECD_ASSERT_OK(verify_stochastic_logits_batch_cpu(lc.c.view(), lc.target(), has_draft ? &q : nullptr,
+                                                           lc.c.sampling, lc.c.keys.data(), cpu.view()));
+        for (cuda::RowSplit split : splits_of(VerifyKind::kStochastic)) {
+          BatchOutputs gpu(lc.c.batch(), lc.c.num_nodes());
+          run_gpu_logits(lc, has_draft, split, &gpu);
+          if (HasFatalFailure()) return;
+          expect_same_outputs(gpu, cpu, "dtype " + std::to_string(static_cast<int>(dtype)) + ", vocab " +
+                                            std::to_string(vocab) + split_name(split));
+        }
+      }
+    }
+  }
+}
+
+// Losslessness of the kernels from logits (default parameters and temperature 0.7 with top-k 6).
+TEST(VerifyCudaLogitsLossless, FirstTokenFollowsTheTarget) {
+  SPECD_SKIP_WITHOUT_GPU();
+  for (const SamplingParams params : {SamplingParams{}, SamplingParams{0.7, 6, 1.0, 0.0}}) {
+    for (cuda::RowSplit split : splits_of(VerifyKind::kStochastic)) {
+      LosslessBatch batch = make_lossless_batch(Proposal::kDraftWithoutReplacement, num_trials());
+      LogitVerifyCase lc;
+      lc.c = batch.run.c;
+      lc.params.assign(static_cast<std::size_t>(lc.c.batch()), params);
+      const std::vector<float> root(lc.c.logits.begin(), lc.c.logits.begin() + lc.c.vocab);
+      std::vector<float> root_probs(root.size());
+      ASSERT_TRUE(sampling_probs(root, params, Span<float>(root_probs.data(), root_probs.size())).ok());
+      batch.root_target.assign(root_probs.begin(), root_probs.end());
+      BatchOutputs gpu(lc.c.batch(), lc.c.num_nodes());
+      run_gpu_logits(lc, true, split, &gpu);
+      if (HasFatalFailure()) return;
+      expect_first_token_follows_target(batch, gpu, split == cuda::RowSplit::kOneBlock ? "GPU logits" : "GPU logits, cluster");
+    }
+  }
+}
+
 // On an sm_90+ GPU the clustered kernel really runs (not the one-block fallback).
 TEST(VerifyCudaOutputs, ClustersRunOnHopperAndLater) {
   SPECD_SKIP_WITHOUT_CLUSTERS();
@@ -257,6 +340,16 @@ TEST(VerifyCuda, RejectsInvalidSizesWithoutLaunching) {
   EXPECT_EQ(cuda::verify_greedy_batch(trees, LogitRows{rows, LogitsDtype::kFloat32, 1, 4, 3}, o, nullptr),
             cudaErrorInvalidValue);  // stride < vocab
   EXPECT_EQ(cuda::verify_greedy_tokens_batch(TreeBatchView{}, nullptr, VerifyOutputs{}, nullptr), cudaSuccess);
+  const SamplingParams params;
+  const LogitRows logits{rows, LogitsDtype::kFloat32, 1, 4, 4};
+  EXPECT_EQ(cuda::verify_stochastic_logits_batch(trees, TargetLogits{logits, nullptr}, nullptr,
+                                                 DraftSampling::kIndependent, &key, o, nullptr),
+            cudaErrorInvalidValue);  // no params
+  const double total = 1.0;
+  EXPECT_EQ(cuda::verify_stochastic_logits_batch(trees, TargetLogits{logits, &params}, nullptr,
+                                                 DraftSampling::kIndependent, &key, o, nullptr,
+                                                 cuda::RowSplit::kOneBlock, StochasticRowOptions{nullptr, &total}),
+            cudaErrorInvalidValue);  // target totals with logits
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 CPU path they replace: greedy requests follow their target argmax; sampled requests, with and
 without draft distributions, in one step, must give exactly what ``sampling_probs`` then
 ``verify`` give for each request alone with the key (seed, request, step 0, position =
-length). On a GPU the same batch runs through the CUDA kernels."""
+length), verified from the logits (the default) or from probability rows. On a GPU the same
+batch runs through the CUDA kernels."""
 
 from types import SimpleNamespace
 
@@ -80,8 +81,8 @@ def _reference(items, trees, dists, logits):
     return out
 
 
-def _check(items, trees, dists, logits):
-    got = verify_inputs(items, trees, logits, dists)
+def _check(items, trees, dists, logits, from_logits=True):
+    got = verify_inputs(items, trees, logits, dists, from_logits=from_logits)
     want = _reference(items, trees, dists, logits)
     accepted = 0
     for it in items:
@@ -94,8 +95,11 @@ def _check(items, trees, dists, logits):
     return accepted
 
 
-def test_batched_verification_equals_the_per_request_path():
-    accepted = sum(_check(*_case(seed)) for seed in range(20))
+@pytest.mark.parametrize("from_logits", [True, False])
+def test_batched_verification_equals_the_per_request_path(from_logits):
+    """Sampled requests verified from the logits (verify_stochastic_logits, the default) and
+    from probability rows (sampling_probs, then verify_stochastic) give the reference's results."""
+    accepted = sum(_check(*_case(seed), from_logits=from_logits) for seed in range(20))
     assert accepted > 20  # the cases accept drafts, so paths and bonus tokens are compared too
 
 
@@ -159,14 +163,15 @@ def _device_or_skip(device):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_non_finite_logits_fail_only_their_request(device, bad):
-    """A NaN or +inf logit in a greedy (0), drafted (1), model-free (6) or draft-less (4: its
-    tree is the root alone) request's rows: that request's VerifyInputs carries an error
-    naming it; the others verify as before."""
+    """A NaN or +inf logit in a greedy (0: its leaf's row), drafted (1), model-free (6) or
+    draft-less (4: its tree is the root alone) request's rows (the sampled ones: their root's
+    row, which every walk reads): that request's VerifyInputs carries an error naming it; the
+    others verify as before."""
     items, trees, dists, logits = _case(7, _device_or_skip(device))
     starts = np.concatenate([[0], np.cumsum([len(trees[it.request.id]) for it in items])])
     failing = (0, 1, 4, 6)
     for rid in failing:
-        logits[int(starts[rid]) + len(trees[rid]) - 1, 3] = bad
+        logits[int(starts[rid]) + (len(trees[rid]) - 1 if rid == 0 else 0), 3] = bad
     got = verify_inputs(items, trees, logits, dists)
     for rid in failing:
         assert got[rid].error.startswith(f"request {rid}: verification failed")
@@ -177,6 +182,30 @@ def test_non_finite_logits_fail_only_their_request(device, bad):
     want = _reference([items[i] for i in keep], trees, dists, rows)
     for i in keep:
         assert got[i].error is None and list(got[i].verify(trees[i]).tokens) == list(want[i].tokens)
+
+
+def test_sampled_rows_outside_the_walk_are_not_read():
+    """Verified from the logits, a sampled request's rows are planned only where its walk goes:
+    a NaN in a node it does not visit changes nothing (as for greedy verification on the
+    device); verified from probability rows (from_logits=False) every row is planned, and the
+    request fails."""
+    for seed in range(30):
+        items, trees, dists, logits = _case(seed)
+        starts = np.concatenate([[0], np.cumsum([len(trees[it.request.id]) for it in items])])
+        clean = verify_inputs(items, trees, logits, dists)
+        # a sampled request whose walk left some of its nodes unvisited
+        off_path = [(it.request.id, v) for it in items if not it.request.params.greedy
+                    for v in range(len(trees[it.request.id]))
+                    if v not in clean[it.request.id].verify(trees[it.request.id]).path]
+        if off_path:
+            break
+    rid, v = off_path[0]
+    logits[int(starts[rid]) + v, 2] = float("nan")
+    got = verify_inputs(items, trees, logits, dists)
+    assert got[rid].error is None
+    assert list(got[rid].verify(trees[rid]).tokens) == list(clean[rid].verify(trees[rid]).tokens)
+    assert verify_inputs(items, trees, logits, dists, from_logits=False)[rid].error.startswith(
+        f"request {rid}: verification failed")
 
 
 def test_a_greedy_row_without_a_finite_logit_fails():

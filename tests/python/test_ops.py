@@ -468,6 +468,82 @@ def test_row_totals_from_the_sampling_ops_feed_verify_stochastic():
         ops.sampling_probs(logits, params, totals=totals.float())
 
 
+def _logits_case(rng, vocab, batch=6, dtype=torch.float32):
+    """Random trees, the target's logits rows (``dtype``), per-request parameters (PARAMS in
+    turn), draft rows, keys."""
+    _, offsets, parents, tokens = random_trees(rng, batch, vocab)
+    nodes = int(offsets[-1])
+    logits = torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32) * 2).to(dtype)
+    per_request = [PARAMS[(r + 1) % len(PARAMS)] for r in range(batch)]
+    draft = torch.softmax(logits.float() + torch.from_numpy(rng.standard_normal((nodes, vocab)).astype(np.float32)), -1)
+    keys = ops.pack_rng_keys(torch.tensor(6), torch.arange(batch), torch.tensor(0), torch.arange(batch) * 2)
+    return offsets, parents, tokens, logits, per_request, draft, keys
+
+
+def test_verify_stochastic_logits_equals_verification_of_sampled_rows():
+    """verify_stochastic_logits (the target planned from its logits in the walk) gives exactly
+    verify_stochastic on sampling_probs' rows and totals, for float32 and bfloat16 logits, with
+    and without draft rows, through draft_index with totals; a request's bad parameters (9) or
+    a bad logit in a row its walk visits (3) fail it alone; the op's argument errors."""
+    rng = np.random.default_rng(41)
+    for dtype in (torch.float32, torch.bfloat16):
+        offsets, parents, tokens, logits, per_request, draft, keys = _logits_case(rng, 50, dtype=dtype)
+        sizes = (offsets[1:] - offsets[:-1]).tolist()
+        node_params = param_rows([p for p, s in zip(per_request, sizes) for _ in range(s)])
+        totals = torch.empty(int(offsets[-1]), dtype=torch.float64)
+        probs, row_status = ops.sampling_probs(logits, node_params, totals=totals)
+        assert not row_status.any()
+        buf, index = _indexed_draft(rng, offsets, parents, draft)
+        for sampling in ("without_replacement", "independent"):
+            for d, extra in ((draft, {}), (None, {}),
+                             (buf, dict(draft_index=index, draft_totals=_sequential_totals(torch.nan_to_num(buf))))):
+                want = ops.verify_stochastic(offsets, parents, tokens, probs, d, keys, sampling, target_totals=totals,
+                                             draft_index=extra.get("draft_index"))
+                got = ops.verify_stochastic_logits(offsets, parents, tokens, logits, param_rows(per_request), d, keys,
+                                                   sampling, **extra)
+                assert not want[3].any()
+                for w, g in zip(want, got):
+                    assert torch.equal(g, w), (dtype, sampling, d is None, sorted(extra))
+        params = per_request[:]
+        params[2] = (-1.0, 0, 1.0, 0.0)
+        bad = logits.clone()
+        bad[int(offsets[4]), 3] = float("nan")  # request 4's root: always visited
+        status = ops.verify_stochastic_logits(offsets, parents, tokens, bad, param_rows(params), draft, keys)[3]
+        assert status.tolist() == [9 if r == 2 else 3 if r == 4 else 0 for r in range(6)]
+    op = ops.verify_stochastic_logits
+    offsets, parents, tokens, logits, per_request, draft, keys = _logits_case(rng, 20)
+    with pytest.raises(errors.InvalidArgumentError, match="target_params must have shape"):
+        op(offsets, parents, tokens, logits, param_rows(per_request[:5]), draft, keys)
+    with pytest.raises(errors.InvalidArgumentError, match="target_logits must"):
+        op(offsets, parents, tokens, logits.double(), param_rows(per_request), draft, keys)
+    with pytest.raises(errors.InvalidArgumentError, match="draft_probs has vocab"):
+        op(offsets, parents, tokens, logits, param_rows(per_request), draft[:, 1:].contiguous(), keys)
+    with pytest.raises(errors.InvalidArgumentError, match="need draft_probs"):
+        op(offsets, parents, tokens, logits, param_rows(per_request), None, keys,
+           draft_totals=torch.ones(len(draft), dtype=torch.float64))
+    with pytest.raises(errors.InvalidArgumentError, match="rows"):
+        op(offsets, parents, tokens, logits[:-1], param_rows(per_request), draft, keys)
+
+
+def test_gpu_verify_stochastic_logits_equals_cpu_op(cuda):
+    """verify_stochastic_logits on the GPU (one block and a cluster per request; bfloat16 and
+    float32 logits of a 151,936-token vocabulary) against the CPU op."""
+    rng = np.random.default_rng(42)
+    for dtype in (torch.bfloat16, torch.float32):
+        offsets, parents, tokens, logits, per_request, draft, keys = _logits_case(rng, 151_936, batch=4, dtype=dtype)
+        buf, index = _indexed_draft(rng, offsets, parents, draft)
+        d_totals = _sequential_totals(torch.nan_to_num(buf))
+        params = param_rows(per_request)
+        want = ops.verify_stochastic_logits(offsets, parents, tokens, logits, params, buf, keys, draft_index=index,
+                                            draft_totals=d_totals)
+        for cluster in (False, True):
+            got = ops.verify_stochastic_logits(*to(cuda, (offsets, parents, tokens, logits, params, buf, keys)),
+                                               cluster=cluster, draft_index=index.to(cuda),
+                                               draft_totals=d_totals.to(cuda))
+            for w, g in zip(want, got):
+                assert torch.equal(g.cpu(), w), (dtype, cluster)
+
+
 def test_gpu_verify_stochastic_draft_index_equals_cpu_op(cuda):
     """draft_index on the GPU (one block and a cluster per request) against the CPU op."""
     rng = np.random.default_rng(34)
@@ -579,10 +655,20 @@ def opcheck_samples():
         (ops.sampling_probs, (logits, params, False, torch.zeros(3, dtype=torch.float64))),
         (ops.sample_tokens_and_probs_out, (logits, params, keys, torch.zeros(3, 20), False, False,
                                            torch.zeros(3, dtype=torch.float64))),
+        (ops.verify_stochastic_logits, (offsets, parents, tokens, torch.log(target), params[:2],
+                                        target.flip(-1).contiguous(),
+                                        ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0),
+                                                          torch.tensor(0)), "independent", 0)),
+        (ops.verify_stochastic_logits, (offsets, parents, tokens, torch.log(target).bfloat16(), params[1:],
+                                        target.flip(-1).contiguous(),
+                                        ops.pack_rng_keys(torch.tensor(1), torch.arange(2), torch.tensor(0),
+                                                          torch.tensor(0)), "without_replacement", 0, False,
+                                        torch.arange(n, dtype=torch.int32).flip(0).contiguous(),
+                                        torch.ones(n, dtype=torch.float64))),
     ]
 
 
-@pytest.mark.parametrize("index", range(19))
+@pytest.mark.parametrize("index", range(21))
 def test_opcheck(index):
     op, args = opcheck_samples()[index]
     torch.library.opcheck(op, args)
@@ -604,7 +690,7 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15])
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 20])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)

@@ -4,12 +4,16 @@ requests at once so that the host waits for the device as few times as possible.
 - Greedy requests: the argmax of every logits row and whether the row's largest logit is
   finite; each request then follows its tree on the host
   (:func:`specd.verification.verify_greedy_tokens`).
-- Sampled requests: verified where the logits are, in batched ops (``specd::sampling_probs``
-  then ``specd::verify_stochastic``, rules in cpp/include/specd/sampling_batch.h and
-  verify_batch.h; CUDA kernels on a GPU, the C++ references on the CPU), so no ``[rows,
-  vocab]`` row reaches the host: only the accepted tokens, paths and counts come back.
-  Requests whose drafts came from the draft model (with their distributions) and
-  model-free ones (one-hot drafts) are two groups, two op calls each. With
+- Sampled requests: verified where the logits are, in batched ops (by default
+  ``specd::verify_stochastic_logits``: the target's distribution of a node is planned from
+  its logits row inside the walk, only for the nodes the walk visits; with
+  ``from_logits=False`` ``specd::sampling_probs`` writes every node's probability row first,
+  then ``specd::verify_stochastic`` reads them; the same results; rules in
+  cpp/include/specd/sampling_batch.h and verify_batch.h; CUDA kernels on a GPU, the C++
+  references on the CPU), so no ``[rows, vocab]`` row reaches the host: only the accepted
+  tokens, paths and counts come back. Requests whose drafts came from the draft model (with
+  their distributions) and model-free ones (one-hot drafts) are two groups, one op call each
+  (two without from_logits). With
   ``KernelChoice.draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
   are a third group: one ``specd::sample_tokens`` call with the Gumbel-max draw, no
   probability rows. (By default they stay in the second group: ``sample_tokens``' own
@@ -18,9 +22,10 @@ requests at once so that the host waits for the device as few times as possible.
   CPU for rows without a cut, bench/root_sampling.py.)
   Nothing is copied into node order: the target rows are a view of the logits when the
   group's spans follow one another, and the draft rows stay where the draft wrote them
-  (``verify_stochastic``'s draft_index). The rows' totals come with them (the target's from
-  ``sampling_probs``, the draft's from the draft graph runner), so verification reads a row
-  whole only where a rejection or the final draw needs it, not at every accepted node.
+  (the ops' draft_index). The draft rows' totals come with them (from the draft graph
+  runner; without from_logits the target's too, from ``sampling_probs``), so verification
+  reads a draft row whole only where a rejection or the final draw needs it, not at every
+  accepted node.
 
 Every group's device work is queued first and all results come back in ONE device-to-host
 copy (with the draft model's chains when they are still on the device,
@@ -29,7 +34,9 @@ verify forward and the groups' kernels back to back.
 
 A request whose rows hold a NaN or +inf logit, or no finite one (or whose sampling parameters
 the ops reject) gets ``VerifyInputs.error``, a message naming it, instead of a result; the
-engine fails that request alone (finish_reason "error") and the others go on.
+engine fails that request alone (finish_reason "error") and the others go on. (A sampled
+request verified from the logits is checked on the rows its walk reads, the nodes it visits,
+as greedy verification is by ``verify_greedy``; with from_logits=False on all its rows.)
 
 The results equal the per-request CPU path (``_core.sampling_probs`` then
 :func:`specd.verification.verify`, key (seed, request, step 0, position = the request's
@@ -48,7 +55,8 @@ from specd import _core
 from specd.engine.scheduler import WorkItem
 from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
-from specd.ops import pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs, verify_stochastic
+from specd.ops import (pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs, verify_stochastic,
+                       verify_stochastic_logits)
 from specd.verification import TokenTree, VerifyOutput
 
 @dataclass
@@ -72,7 +80,7 @@ class VerifyInputs:
 
 def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor,
                   draft_dists: dict[int, torch.Tensor], cluster: bool = False,
-                  gumbel: bool = False, drafts=None) -> dict[int, VerifyInputs]:
+                  gumbel: bool = False, drafts=None, from_logits: bool = True) -> dict[int, VerifyInputs]:
     """Every deciding item's VerifyInputs, its rows taken in item order from ``logits``
     ``[sum of tree sizes, vocab]``; ``draft_dists``: request id -> the draft's distributions
     float32 for sampled draft-model chains, ``[m, vocab]``: the rows of the tree's first m
@@ -80,7 +88,9 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
     (``_draft_rows``). ``cluster``: the sampling
     and stochastic verification kernels with a thread-block cluster per row / request
     (KernelChoice.cluster_rows of the target). ``gumbel``: sampled requests without drafts
-    draw by the Gumbel-max rule (KernelChoice.draw).
+    draw by the Gumbel-max rule (KernelChoice.draw). ``from_logits``: sampled requests are
+    verified from the logits (``verify_stochastic_logits``), else from probability rows
+    (module docstring).
 
     Every group's device work is queued first (the greedy rows' argmax, the sampled groups'
     uploads and kernels), then everything is read back in ONE copy: the host waits once, and
@@ -105,7 +115,7 @@ def verify_inputs(deciding: list[WorkItem], trees: dict[int, TokenTree], logits:
         group = [(it, span) for it, span in sampled if (it.request.id in draft_dists) == drafted]
         if group:
             queued.append((group, _queue_sampled(group, trees, logits, draft_dists if drafted else None, cluster,
-                                                 drafts if drafted else None)))
+                                                 drafts if drafted else None, from_logits)))
     host = _read([q for _, q in queued] + ([_Queued(greedy_rows, None)] if greedy_rows is not None else []), drafts)
     if greedy:
         if greedy_rows is not None:
@@ -183,9 +193,9 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The requests' packed SamplingParams (each request's repeated over its ``sizes`` rows)
-    and RngKeys (key (seed, request, step 0, position = the request's length)), on ``device``
-    in one host-to-device copy."""
+    """The requests' packed SamplingParams (each request's repeated over its ``sizes`` rows;
+    sizes of 1: one per request) and RngKeys (key (seed, request, step 0, position = the
+    request's length)), on ``device`` in one host-to-device copy."""
     def per_row(values, dtype):  # each request's value repeated over its tree's rows
         return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), sizes))
 
@@ -245,10 +255,10 @@ def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[i
 
 def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
                    logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]],
-                   cluster: bool = False, drafts=None) -> _Queued:
+                   cluster: bool = False, drafts=None, from_logits: bool = True) -> _Queued:
     """_verify_sampled's device work, queued (see _Queued). ``drafts``: device-resident chains
     (model_runner.DeviceDrafts) whose trees hold placeholders: their tokens are put into the
-    uploaded node tokens on the device."""
+    uploaded node tokens on the device. ``from_logits``: verify_inputs'."""
     device = logits.device
     reqs = [it.request for it, _ in group]
     tree_list = [trees[r.id] for r in reqs]
@@ -280,23 +290,31 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
         picked = drafts.tokens.reshape(-1).index_select(0, csr[at + len(dest):].long())
         tokens.index_copy_(0, csr[at:at + len(dest)].long(), picked.to(tokens.dtype))
 
-    params, keys = _sampling_words(reqs, sizes, device)
-
-    target_totals = torch.empty(nodes, dtype=torch.float64, device=device)
-    probs, row_status = sampling_probs(_target_rows(logits, [span for _, span in group]), params, cluster,
-                                       target_totals)
-    out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
-                                                           cluster=cluster, draft_index=index,
-                                                           target_totals=target_totals, draft_totals=draft_totals)
+    target = _target_rows(logits, [span for _, span in group])
+    if from_logits:
+        params, keys = _sampling_words(reqs, np.ones(n, dtype=np.int64), device)
+        out_tokens, path, accepted, status = verify_stochastic_logits(
+            node_offsets, parents, tokens, target, params, draft, keys, cluster=cluster, draft_index=index,
+            draft_totals=draft_totals)
+        row_status = status[:0]
+    else:
+        params, keys = _sampling_words(reqs, sizes, device)
+        target_totals = torch.empty(nodes, dtype=torch.float64, device=device)
+        probs, row_status = sampling_probs(target, params, cluster, target_totals)
+        out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
+                                                               cluster=cluster, draft_index=index,
+                                                               target_totals=target_totals, draft_totals=draft_totals)
 
     def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
         out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, n, n]))
         results = []
         for i, r in enumerate(reqs):
             a, b = int(offsets[i]), int(offsets[i + 1])
-            if row_status[a:b].any() or status[i]:
-                results.append(f"request {r.id}: verification failed (sampling status {row_status[a:b].tolist()}, "
-                               f"verify status {int(status[i])}): non-finite logits or invalid sampling parameters")
+            rows_bad = row_status[a:b].tolist() if len(row_status) else []
+            if any(rows_bad) or status[i]:
+                sampling = f"sampling status {rows_bad}, " if rows_bad else ""
+                results.append(f"request {r.id}: verification failed ({sampling}verify status {int(status[i])}): "
+                               "non-finite logits or invalid sampling parameters")
                 continue
             k = int(accepted[i])
             results.append(VerifyOutput(out_tokens[a:a + k + 1].copy(), path[a:a + k + 1].copy(), k))

@@ -69,6 +69,10 @@ class Engine:
         # graph runner's inputs when both runners take the step (model_runner.DeviceDrafts):
         # the host reads them after queueing the verify forward. False: read them between.
         self.device_drafts = True
+        # Sampled requests are verified from the target's logits (verify_stochastic_logits:
+        # only the rows of visited nodes are planned, none is written). False: every node's
+        # probability row is written by sampling_probs first (the same results).
+        self.verify_from_logits = True
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
@@ -152,7 +156,8 @@ class Engine:
         # Verification queues its device work behind the verify forward, then reads everything,
         # device-resident drafts included, in one copy: the step's one wait for the GPU.
         inputs = verify_inputs(deciding, trees, logits, draft_dists, cluster=target_kernels.cluster_rows,
-                               gumbel=target_kernels.draw == "gumbel", drafts=drafts)
+                               gumbel=target_kernels.draw == "gumbel", drafts=drafts,
+                               from_logits=self.verify_from_logits)
         if drafts is not None:  # (already read with the verification results)
             self._place_drafts(drafts, trees)
         for it in items:

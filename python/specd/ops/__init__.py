@@ -18,7 +18,7 @@ mixed devices, wrong dtypes or shapes raise :class:`specd.errors.InvalidArgument
 | ``tree_attention(q, k_cache, v_cache, block_table, query_start, kv_lens, tree_mask, scale, grouped, tree_lens)`` | tree_attention.h | - |
 | ``sample_tokens(logits, params, rng)`` / ``sampling_probs(logits, params)`` / ``sample_tokens_and_probs(logits, params, rng)`` | sampling_batch.h | - |
 | ``sample_tokens_and_probs_out(logits, params, rng, probs)`` | sampling_batch.h | probs |
-| ``verify_greedy`` / ``verify_greedy_tokens`` / ``verify_stochastic`` | verify_batch.h | - |
+| ``verify_greedy`` / ``verify_greedy_tokens`` / ``verify_stochastic`` / ``verify_stochastic_logits`` | verify_batch.h | - |
 | ``rms_norm(x, weight, eps)`` / ``add_rms_norm(x, residual, weight, eps)`` | rms_norm.h | residual |
 | ``silu_mul(gate_up)`` | silu_mul.h | - |
 | ``rope_kv_write(qkv, cos, sin, k_cache, v_cache, slot_mapping, q_heads)`` | rope_kv_write.h | caches |
@@ -35,10 +35,10 @@ from specd.ops.kv_ops import kv_compact, kv_write, slot_mapping, stacked_kv
 from specd.ops.layer_ops import add_rms_norm, rms_norm, rope_kv_write, silu_mul
 from specd.ops.spec_ops import (pack_rng_keys, pack_sampling_params, sample_tokens, sample_tokens_and_probs,
                                 sample_tokens_and_probs_out, sampling_probs, verify_greedy, verify_greedy_tokens,
-                                verify_stochastic)
+                                verify_stochastic, verify_stochastic_logits)
 
 __all__ = ["HAS_CUDA_KERNELS", "kv_write", "kv_compact", "slot_mapping", "stacked_kv", "draft_step_inputs",
            "draft_step_inputs_inplace", "tree_attention", "sample_tokens", "sampling_probs", "sample_tokens_and_probs",
            "sample_tokens_and_probs_out", "verify_greedy",
-           "verify_greedy_tokens", "verify_stochastic", "pack_sampling_params", "pack_rng_keys", "rms_norm",
+           "verify_greedy_tokens", "verify_stochastic", "verify_stochastic_logits", "pack_sampling_params", "pack_rng_keys", "rms_norm",
            "add_rms_norm", "silu_mul", "rope_kv_write"]

@@ -1,7 +1,7 @@
 """Custom ops of the batched sampling and verification kernels (rules:
 cpp/include/specd/sampling_batch.h, verify_batch.h): ``specd::sample_tokens``,
 ``specd::sampling_probs``, ``specd::sample_tokens_and_probs`` (and its ``_out`` form), ``specd::verify_greedy``, ``specd::verify_greedy_tokens``,
-``specd::verify_stochastic``.
+``specd::verify_stochastic``, ``specd::verify_stochastic_logits``.
 
 Per-row parameters travel as packed int64 words built on the rows' device (no host sync):
 :func:`pack_sampling_params` (``[rows, 4]``, the C++ ``SamplingParams``) and
@@ -24,7 +24,8 @@ from specd.ops._checks import (common_device, expect, expect_shape, fail, index,
                                no_kernel_for_device, register_kernels, rows)
 
 __all__ = ["sample_tokens", "sampling_probs", "sample_tokens_and_probs", "sample_tokens_and_probs_out", "verify_greedy",
-           "verify_greedy_tokens", "verify_stochastic", "pack_sampling_params", "pack_rng_keys"]
+           "verify_greedy_tokens", "verify_stochastic", "verify_stochastic_logits", "pack_sampling_params",
+           "pack_rng_keys"]
 
 _WORD = 0xFFFFFFFF
 VerifyResult = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -348,6 +349,43 @@ def verify_stochastic(node_offsets: torch.Tensor, parents: torch.Tensor, tokens:
     no_kernel_for_device("verify_stochastic", node_offsets, parents, tokens, target_probs)
 
 
+def _draft_args(op: str, draft_probs, vocab: int, nodes: int, draft_index, draft_totals) -> tuple:
+    """The draft rows' launcher arguments (pointer, rows, stride), the StochasticRowOptions
+    pointers of the draft (``draft_index_ptr``, ``draft_totals_ptr``) and the tensors they point
+    into (kept alive until the launch)."""
+    draft_ptr, d_rows, d_stride = 0, 0, 0
+    kept = []
+    if draft_probs is not None:
+        expect(op, "draft_probs", draft_probs, torch.float32, 2)
+        if draft_probs.shape[1] != vocab:
+            fail(op, f"draft_probs has vocab {draft_probs.shape[1]}, the target {vocab}")
+        draft, d_stride = rows(op, "draft_probs", draft_probs, (vocab,))
+        draft_ptr, d_rows = draft.data_ptr(), draft.shape[0]
+        kept.append(draft)
+    options = {}
+    if draft_probs is None and (draft_index is not None or draft_totals is not None):
+        fail(op, "draft_index and draft_totals need draft_probs")
+    if draft_index is not None:
+        kept.append(index(op, "draft_index", draft_index, torch.int32, (nodes,)))
+        options["draft_index_ptr"] = kept[-1].data_ptr()
+    if draft_totals is not None:
+        kept.append(_totals(op, "draft_totals", draft_totals, d_rows))
+        options["draft_totals_ptr"] = kept[-1].data_ptr()
+    return (draft_ptr, d_rows, d_stride), options, kept
+
+
+def _totals(op: str, name: str, totals: torch.Tensor, n: int) -> torch.Tensor:
+    expect(op, name, totals, torch.float64, 1)
+    expect_shape(op, name, totals, (n,))
+    return totals.contiguous()
+
+
+def _draft_sampling(op: str, draft_sampling: str) -> str:
+    if draft_sampling not in ("without_replacement", "independent"):
+        fail(op, f"draft_sampling must be 'without_replacement' or 'independent', got {draft_sampling!r}")
+    return draft_sampling
+
+
 def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs, rng,
                        draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None,
                        target_totals=None, draft_totals=None):
@@ -359,34 +397,17 @@ def _verify_stochastic(node_offsets, parents, tokens, target_probs, draft_probs,
     expect(op, "target_probs", target_probs, torch.float32, 2)
     target, t_stride = rows(op, "target_probs", target_probs, (target_probs.shape[1],))
     vocab = target.shape[1]
-    draft_ptr, d_rows, d_stride = 0, 0, 0
-    if draft_probs is not None:
-        expect(op, "draft_probs", draft_probs, torch.float32, 2)
-        if draft_probs.shape[1] != vocab:
-            fail(op, f"draft_probs has vocab {draft_probs.shape[1]}, target_probs {vocab}")
-        draft, d_stride = rows(op, "draft_probs", draft_probs, (vocab,))
-        draft_ptr, d_rows = draft.data_ptr(), draft.shape[0]
-    options = {}  # the launchers' StochasticRowOptions pointers
-    if draft_probs is None and (draft_index is not None or draft_totals is not None):
-        fail(op, "draft_index and draft_totals need draft_probs")
-    if draft_index is not None:
-        draft_index = index(op, "draft_index", draft_index, torch.int32, (nodes,))
-        options["draft_index_ptr"] = draft_index.data_ptr()
-    kept = []  # (contiguous copies stay alive until the launch)
-    for name, totals, n in (("target_totals", target_totals, target.shape[0]), ("draft_totals", draft_totals, d_rows)):
-        if totals is not None:
-            expect(op, name, totals, torch.float64, 1)
-            expect_shape(op, name, totals, (n,))
-            kept.append(totals.contiguous())
-            options[name + "_ptr"] = kept[-1].data_ptr()
+    draft, options, kept = _draft_args(op, draft_probs, vocab, nodes, draft_index, draft_totals)
+    if target_totals is not None:
+        kept.append(_totals(op, "target_totals", target_totals, target.shape[0]))
+        options["target_totals_ptr"] = kept[-1].data_ptr()
     rng = _packed(op, "rng", rng, batch, 3)
-    if draft_sampling not in ("without_replacement", "independent"):
-        fail(op, f"draft_sampling must be 'without_replacement' or 'independent', got {draft_sampling!r}")
+    draft_sampling = _draft_sampling(op, draft_sampling)
     out = _outputs(op, device, batch, nodes, out_stride)
     if batch:
         launch(device, functools.partial(_core.verify_stochastic_batch_cpu, **options), "verify_stochastic_batch_cuda",
                offsets.data_ptr(), parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(),
-               target.shape[0], vocab, t_stride, draft_ptr, d_rows, d_stride, draft_sampling, rng.data_ptr(),
+               target.shape[0], vocab, t_stride, *draft, draft_sampling, rng.data_ptr(),
                *_out_ptrs(out, out_stride), **_cluster_option(cluster), **options)
     return out
 
@@ -397,6 +418,55 @@ def _(node_offsets, parents, tokens, target_probs, draft_probs, rng, draft_sampl
     return _fake_outputs(node_offsets, parents, out_stride)
 
 
+@torch.library.custom_op("specd::verify_stochastic_logits", mutates_args=())
+def verify_stochastic_logits(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor,
+                             target_logits: torch.Tensor, target_params: torch.Tensor,
+                             draft_probs: Optional[torch.Tensor], rng: torch.Tensor,
+                             draft_sampling: str = "without_replacement", out_stride: int = 0, cluster: bool = False,
+                             draft_index: Optional[torch.Tensor] = None, draft_totals: Optional[torch.Tensor] = None,
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`verify_stochastic` from the target's logits: node n's target distribution is
+    :func:`sampling_probs` of ``target_logits`` row n (``[rows >= num_nodes, vocab]``,
+    float32/float16/bfloat16) with its request's parameters (``target_params``: int64 ``[batch,
+    4]``, :func:`pack_sampling_params`), computed only for the nodes the walk visits (verify_batch.h,
+    TargetLogits): no ``[num_nodes, vocab]`` probability rows are written, and rows the walk does
+    not reach are not read. The results equal ``verify_stochastic(sampling_probs(...), target_totals=...)``
+    (the same bits on the CPU). Per-request statuses as there, plus 9 (kBadSamplingParams) for
+    invalid parameters; a visited row with a NaN/+inf or no finite logit gives 3. draft_probs,
+    rng, draft_sampling, out_stride, cluster, draft_index, draft_totals: as :func:`verify_stochastic`.
+    Returns (tokens, path, num_accepted, status)."""
+    no_kernel_for_device("verify_stochastic_logits", node_offsets, parents, tokens, target_logits)
+
+
+def _verify_stochastic_logits(node_offsets, parents, tokens, target_logits, target_params, draft_probs, rng,
+                              draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None,
+                              draft_totals=None):
+    op = "verify_stochastic_logits"
+    device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
+                           target_logits=target_logits, target_params=target_params, draft_probs=draft_probs,
+                           rng=rng, draft_index=draft_index, draft_totals=draft_totals)
+    offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
+    target, stride, dtype = _logits(op, "target_logits", target_logits)
+    vocab = target.shape[1]
+    params = _packed(op, "target_params", target_params, batch, 4)
+    draft, options, _kept = _draft_args(op, draft_probs, vocab, nodes, draft_index, draft_totals)
+    rng = _packed(op, "rng", rng, batch, 3)
+    draft_sampling = _draft_sampling(op, draft_sampling)
+    out = _outputs(op, device, batch, nodes, out_stride)
+    if batch:
+        launch(device, functools.partial(_core.verify_stochastic_logits_batch_cpu, **options),
+               "verify_stochastic_logits_batch_cuda", offsets.data_ptr(), parents.data_ptr(), tokens.data_ptr(), batch,
+               nodes, target.data_ptr(), dtype, target.shape[0], vocab, stride, params.data_ptr(), *draft,
+               draft_sampling, rng.data_ptr(), *_out_ptrs(out, out_stride), **_cluster_option(cluster), **options)
+    return out
+
+
+@verify_stochastic_logits.register_fake
+def _(node_offsets, parents, tokens, target_logits, target_params, draft_probs, rng,
+      draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None, draft_totals=None):
+    return _fake_outputs(node_offsets, parents, out_stride)
+
+
 register_kernels(sample_tokens, _sample_tokens)
 register_kernels(sampling_probs, _sampling_probs)
 register_kernels(sample_tokens_and_probs, _sample_tokens_and_probs)
@@ -404,3 +474,4 @@ register_kernels(sample_tokens_and_probs_out, _sample_tokens_and_probs_out)
 register_kernels(verify_greedy, _verify_greedy)
 register_kernels(verify_greedy_tokens, _verify_greedy_tokens)
 register_kernels(verify_stochastic, _verify_stochastic)
+register_kernels(verify_stochastic_logits, _verify_stochastic_logits)

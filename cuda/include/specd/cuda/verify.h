@@ -53,7 +53,22 @@ cudaError_t verify_stochastic_batch(const TreeBatchView& trees, const ProbRows& 
                                     cudaStream_t stream, RowSplit split = RowSplit::kOneBlock,
                                     const StochasticRowOptions& options = {});
 
-// Whether RowSplit::kCluster launches clusters for verify_stochastic_batch on this device.
+// From the target's logits and each request's SamplingParams (verify_batch.h, TargetLogits;
+// target.logits.data and target.params are device pointers): each visited node's row is
+// planned in the kernel (the sampling kernels' plan, kept in shared memory) and its entries
+// recomputed from the logits where they are read; no probability row is written or read for
+// the target. split, draft, options as verify_stochastic_batch's (options.target_totals null).
+// Equality with verify_stochastic_batch on sampling_probs_batch's rows and totals: the same
+// bits where the two calls fold their sums alike (clusters of 8 x 256 threads on both: kCluster
+// here and sampling_probs_batch's kCluster), else up to the order of the additions, as above.
+cudaError_t verify_stochastic_logits_batch(const TreeBatchView& trees, const TargetLogits& target,
+                                           const ProbRows* draft, DraftSampling sampling, const RngKey* rng,
+                                           const VerifyOutputs& out, cudaStream_t stream,
+                                           RowSplit split = RowSplit::kOneBlock,
+                                           const StochasticRowOptions& options = {});
+
+// Whether RowSplit::kCluster launches clusters for verify_stochastic_batch (and
+// verify_stochastic_logits_batch) on this device.
 bool verify_clusters_available();
 
 }  // namespace specd::cuda
