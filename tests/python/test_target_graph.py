@@ -242,25 +242,37 @@ def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
         return real_read(self, extra)
 
     monkeypatch.setattr(model_runner.DeviceDrafts, "read", read)
-    # What verification is given: the target rows' totals always; on the device path the
-    # draft rows where the runner wrote them (draft_index) with their totals.
-    real_verify, given = batch_verify.verify_stochastic, {True: [], False: []}
+    # What verification (from the target's logits, the default) is given: on the device path
+    # the draft rows where the runner wrote them (draft_index) with their totals.
+    real_verify, given = batch_verify.verify_stochastic_logits, {True: [], False: []}
 
     def verify(*args, **kwargs):
-        given[on_device].append((kwargs["target_totals"] is not None, kwargs["draft_index"] is not None,
-                                 kwargs["draft_totals"] is not None))
+        given[on_device].append((kwargs["draft_index"] is not None, kwargs["draft_totals"] is not None))
         return real_verify(*args, **kwargs)
 
-    monkeypatch.setattr(batch_verify, "verify_stochastic", verify)
+    monkeypatch.setattr(batch_verify, "verify_stochastic_logits", verify)
     got = {}
     for on_device in (True, False):
         llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
         llm.engine.device_drafts = on_device
         got[on_device] = [o.token_ids for o in llm.generate(prompts, params)]
     assert got[True] == got[False]
-    assert all(t for t, _, _ in given[True] + given[False])
-    assert (True, True, True) in given[True]  # drafted requests, read in the runner's buffers
-    assert (True, True, True) not in given[False]  # host-read drafts: no draft totals
+    assert (True, True) in given[True]  # drafted requests, read in the runner's buffers
+    assert (True, True) not in given[False]  # host-read drafts: no draft totals
+    # Verified from probability rows (sampling_probs, then verify_stochastic with the target
+    # rows' totals): the same outputs.
+    real_rows, with_totals = batch_verify.verify_stochastic, []
+
+    def verify_rows(*args, **kwargs):
+        with_totals.append(kwargs["target_totals"] is not None)
+        return real_rows(*args, **kwargs)
+
+    monkeypatch.setattr(batch_verify, "verify_stochastic", verify_rows)
+    on_device = True
+    llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, policy=VaryingK(3))
+    llm.engine.verify_from_logits = False
+    assert [o.token_ids for o in llm.generate(prompts, params)] == got[True]
+    assert with_totals and all(with_totals)
     per_step = {}
     for step, copied in copies:
         per_step[id(step)] = per_step.get(id(step), 0) + copied
@@ -338,14 +350,14 @@ def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, m
         monkeypatch.setattr(torch.ops.specd, name, fn, raising=False)
     import specd.engine.batch_verify as batch_verify
 
-    real_verify = batch_verify.verify_stochastic
+    real_verify = batch_verify.verify_stochastic_logits
 
     def verify(*args, cluster=False, **kwargs):
         seen["verify"].append(cluster)
         return real_verify(*args, cluster=cluster, **kwargs)
 
     seen["verify"] = []
-    monkeypatch.setattr(batch_verify, "verify_stochastic", verify)
+    monkeypatch.setattr(batch_verify, "verify_stochastic_logits", verify)
     both = specd.KernelChoice(grouped_attention=True, cluster_rows=True)
     llm = make_llm(target, draft, "draft", target_graph=True, draft_graph=True, kernels=both)
     assert llm.target.kernels == both and llm.draft.kernels == both
