@@ -6,14 +6,18 @@
 // the walk does not reach fails nothing); the call's checks; and losslessness.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "block_manager_test_util.h"
+#include "sampling_batch_test_util.h"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/verify_walk.h"
+#include "specd/philox.h"
 #include "specd/verify_batch.h"
 #include "threaded_block.h"
 #include "verify_batch_test_util.h"
@@ -163,6 +167,65 @@ TEST(VerifyLogitsCpu, BadRowsFailOnlyTheRequestThatVisitsThem) {
   std::vector<float> all_inf = logits;
   for (int32_t i = 0; i < V; ++i) all_inf[static_cast<std::size_t>(V + i)] = -INFINITY;  // no finite logit
   EXPECT_EQ(run(all_inf), (std::vector<int32_t>{static_cast<int32_t>(VerifyStatus::kBadTargetRow), 0}));
+}
+
+// The premise of the walk's accept test without the row's total (verify_target.h,
+// kTotalSlack): the total of a row the sampling rules make, its floats summed, is 1 within
+// 6.1e-8, for every kind of parameters and logits (ties, -inf, wide and narrow spreads, cuts).
+TEST(VerifyLogitsCpu, PlannedRowTotalsLieWithinTheSlackOfOne) {
+  std::mt19937_64 g(17);
+  double worst = 0;
+  for (const int32_t vocab : {1, 2, 7, 300, 5000}) {
+    const SamplingCase c = random_sampling_case(&g, 200, vocab);
+    std::vector<float> probs(static_cast<std::size_t>(c.rows) * static_cast<std::size_t>(vocab));
+    std::vector<int32_t> status(static_cast<std::size_t>(c.rows));
+    std::vector<double> totals(static_cast<std::size_t>(c.rows));
+    SPECD_ASSERT_OK(sampling_probs_batch_cpu(c.view(), c.params.data(), probs.data(), status.data(), totals.data()));
+    for (int32_t r = 0; r < c.rows; ++r) {
+      if (status[static_cast<std::size_t>(r)] != 0) continue;
+      const double off = std::fabs(totals[static_cast<std::size_t>(r)] - 1.0);
+      worst = std::max(worst, off);
+      EXPECT_LE(off, 6.1e-8) << "vocab " << vocab << " row " << r;
+    }
+  }
+  EXPECT_LT(worst, detail::kTotalSlack / 10);
+}
+
+// Accept tests whose u * q(x) falls inside the slack below p(x) (the walk then sums the row and
+// tests exactly), just outside it (accepted without the total) and just above p(x)
+// (rejected): the results of verification on the probability rows, every time.
+TEST(VerifyLogitsCpu, AcceptTestsNearTheBoundaryMatchTheRows) {
+  // Two tokens, equal logits: p = (0.5, 0.5), whose total is exactly 1, so p(0) = 0.5. The
+  // root drafts token 0 from a draft row (a, 1 - a) whose q(0) puts u * q(0) at 0.5 (1 + e).
+  const std::vector<int32_t> offsets{0, 2}, parents{-1, 0}, tokens{1, 0};
+  const TreeBatchView trees{offsets.data(), parents.data(), tokens.data(), 1, 2};
+  const std::vector<float> logits(4, 0.0f), p_rows(4, 0.5f);
+  const SamplingParams params;
+  const std::vector<double> p_totals{1.0, 1.0};
+  int32_t cases = 0, accepted = 0;
+  for (uint32_t request = 0; request < 200 && cases < 60; ++request) {
+    const RngKey key{9, request, 0, 4};
+    const double u = philox_uniform(key.seed, key.request, key.step, key.position, 0u);
+    if (u < 0.55) continue;  // a = 0.5 (1 + e) / u must stay below 1
+    ++cases;
+    for (const double e : {-3e-6, -9e-7, -5e-7, -1e-7, -1e-12, 1e-12, 1e-7}) {
+      const float a = static_cast<float>(0.5 * (1 + e) / u);
+      const std::vector<float> q_rows{a, 1.0f - a, 0.5f, 0.5f};
+      const ProbRows q{q_rows.data(), 2, 2, 2};
+      BatchOutputs want(1, 2), got(1, 2);
+      SPECD_ASSERT_OK(verify_stochastic_batch_cpu(trees, ProbRows{p_rows.data(), 2, 2, 2}, &q,
+                                                  DraftSampling::kWithoutReplacement, &key, want.view(),
+                                                  StochasticRowOptions{nullptr, p_totals.data(), nullptr}));
+      SPECD_ASSERT_OK(verify_stochastic_logits_batch_cpu(
+          trees, TargetLogits{LogitRows{logits.data(), LogitsDtype::kFloat32, 2, 2, 2}, &params}, &q,
+          DraftSampling::kWithoutReplacement, &key, got.view()));
+      expect_same_outputs(got, want, "e " + std::to_string(e) + ", request " + std::to_string(request));
+      accepted += got.num_accepted[0];
+    }
+  }
+  EXPECT_GE(cases, 20);
+  EXPECT_GT(accepted, 0);               // the cases below the boundary accept
+  EXPECT_LT(accepted, cases * 7);       // and those above it reject
 }
 
 TEST(VerifyLogitsCpuValidation, RejectsBadSizesAndPointers) {

@@ -6,15 +6,26 @@
 //                     row is read whole, validated and summed (load_prob_row).
 //   LogitTarget<Row>  the target's logits and the request's SamplingParams (TargetLogits,
 //                     verify_batch.h): visit() plans the row as the sampling kernels do
-//                     (plan_row, sample_row.h) and sums its float probabilities in
+//                     (plan_row, sample_row.h), total() sums its float probabilities in
 //                     for_each_strided's order (probs_row's total: the same ids per thread in
 //                     the same order); an entry is float(row_prob(plan, i, logit i)), the float
 //                     sampling_probs writes, recomputed from its logit where it is read.
 //
-// Both offer: vocab(); visit(b, node, &total) -> VerifyStatus (the node's row becomes the
-// current one; its total > 0 when kOk); raw(i) (a pure read for for_each_strided's batches:
-// the entry or the logit) and entry(i, raw) (the float probability); prefetch(node, x) (the
-// accept test's reads into L2, before the walk).
+// Both offer: vocab(); visit(b, node) -> VerifyStatus (the node's row becomes the current
+// one); total(b, node, &total) -> VerifyStatus (the current row's total, > 0 when kOk); raw(i)
+// (a pure read for for_each_strided's batches: the entry or the logit) and entry(i, raw) (the
+// float probability); prefetch(node, x) (the accept test's reads into L2, before the walk);
+// kTotalNearOne: whether every total of a row that visit() accepted lies within kTotalSlack
+// of 1.
+//
+// Why LogitTarget's totals are near 1: the row's entries are f_i = float(d_i), d_i its
+// probabilities in double, renormalized after each cut by the inverse of that stage's double
+// sum, so sum(d_i) = 1 within vocab * 2^-52 (< 4e-10 for 2^30 tokens); rounding to float
+// moves each by at most 2^-24 of itself (subnormals by 2^-150 each), and the double sum of the
+// floats adds vocab * 2^-53 at most: the total is 1 within 6e-8 + 1e-9. So the walk's accept
+// test u * q(x) < f_x / total holds for every such total when u * q(x) < f_x * (1 - 1e-6),
+// and a node whose first child passes that needs no pass over its row for the total: an
+// accepted node costs the plan's passes only (kTotalSlack below).
 //
 // LogitTarget keeps its plan where the caller says (`plan`: shared memory in the kernels, a
 // local on the CPU): every thread writes the same values between the same collectives
@@ -33,6 +44,9 @@
 #include "specd/verify_batch.h"
 
 namespace specd::detail {
+
+// How far from 1 the totals of a kTotalNearOne target may lie (the bound above is 6.1e-8).
+inline constexpr double kTotalSlack = 1e-6;
 
 // Float32 probability rows are read with this many loads in flight per thread (256 threads
 // per request on the GPU; row_argmax: 2 * kLoadBatch with 1024 threads).
@@ -81,10 +95,15 @@ struct ProbTarget {
   const double* totals;       // StochasticRowOptions::target_totals (may be null)
   const float* row = nullptr;  // the visited row
 
+  static constexpr bool kTotalNearOne = false;  // the caller's rows: any positive total
   SPECD_HOST_DEVICE int32_t vocab() const { return rows.vocab; }
   template <class Block>
-  SPECD_HOST_DEVICE VerifyStatus visit(Block& b, int32_t node, double* total) {
+  SPECD_HOST_DEVICE VerifyStatus visit(Block&, int32_t node) {
     row = rows.data + int64_t{node} * rows.stride;
+    return VerifyStatus::kOk;
+  }
+  template <class Block>
+  SPECD_HOST_DEVICE VerifyStatus total(Block& b, int32_t node, double* total) const {
     return visited_row_total(b, row, rows.vocab, totals, node, total) ? VerifyStatus::kOk
                                                                        : VerifyStatus::kBadTargetRow;
   }
@@ -103,14 +122,18 @@ struct LogitTarget {
   RowPlan* plan;          // the caller's slot (the rules above)
   Row row{};              // the visited row
 
+  static constexpr bool kTotalNearOne = true;  // (the rule above)
   SPECD_HOST_DEVICE int32_t vocab() const { return logits.vocab; }
   template <class Block>
-  SPECD_HOST_DEVICE VerifyStatus visit(Block& b, int32_t node, double* total) {
+  SPECD_HOST_DEVICE VerifyStatus visit(Block& b, int32_t node) {
     b.sync();  // no thread still reads the previous node's plan
     row = Row::at(logits.data, int64_t{node} * logits.stride);
     const SampleStatus s = plan_row(b, row, logits.vocab, params, plan);
     if (s == SampleStatus::kBadParams) return VerifyStatus::kBadSamplingParams;
-    if (s != SampleStatus::kOk) return VerifyStatus::kBadTargetRow;
+    return s == SampleStatus::kOk ? VerifyStatus::kOk : VerifyStatus::kBadTargetRow;
+  }
+  template <class Block>
+  SPECD_HOST_DEVICE VerifyStatus total(Block& b, int32_t, double* total) const {
     double local = 0;  // probs_row's float total: the same ids per thread, the same order
     for_each_strided(b, logits.vocab, row, [&](int32_t i, float l) {
       local += static_cast<double>(static_cast<float>(row_prob(*plan, i, l)));

@@ -258,9 +258,23 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
   uint32_t depth = 0;
   while (true) {
     const uint32_t position = rng.position + depth;
-    double p_total = 0;
-    const VerifyStatus visited = target.visit(b, nodes.begin + node, &p_total);
+    const VerifyStatus visited = target.visit(b, nodes.begin + node);
     if (visited != VerifyStatus::kOk) return visited;
+    // The row's total, where needed (verify_target.h: a target whose totals are within
+    // kTotalSlack of 1 gets it only when a test needs it exactly, or a pass normalizes by it).
+    double p_total = 0, p_inv = 0;
+    bool have_total = false;
+    const auto need_total = [&]() {
+      if (have_total) return VerifyStatus::kOk;
+      const VerifyStatus s = target.total(b, nodes.begin + node, &p_total);
+      p_inv = 1.0 / p_total;
+      have_total = s == VerifyStatus::kOk;
+      return s;
+    };
+    if (!Target::kTotalNearOne) {
+      const VerifyStatus s = need_total();
+      if (s != VerifyStatus::kOk) return s;
+    }
     const int32_t first = next_child(nodes, node, node);
     const float* q_row = nullptr;
     double q_total = 1.0;
@@ -279,7 +293,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       }
     }
     // p and q of token i after j rejections at this node, from its row entries.
-    const double p_inv = 1.0 / p_total, q_inv = 1.0 / q_total;
+    const double q_inv = 1.0 / q_total;
     // `v`: the entries of token i (entries() of load(i): load gives target.raw(i), the entry or
     // the logit, so that the passes batch pure reads; entries() then makes p's entry of it).
     const auto probs_of = [&](int32_t i, const ProbPair& v, int32_t j, double* p, double* q) {
@@ -298,6 +312,19 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       const ProbPair vx = entries(x, load(x));
       if (!valid_prob(vx.p)) return VerifyStatus::kBadTargetRow;
       if (!valid_prob(vx.q)) return VerifyStatus::kBadDraftRow;
+      if (!have_total) {  // the first child (j == 0), the total not summed yet (kTotalNearOne)
+        // p(x) lies within kTotalSlack of its entry: a test that accepts for every total in
+        // that range accepts (the same u, the same q(x) as the exact test below).
+        const double q0 = has_draft ? exact_mul(static_cast<double>(vx.q), q_inv) : 1.0;
+        if (!(q0 > 0)) return VerifyStatus::kZeroDraftProbability;
+        const double u0 = philox_uniform(rng.seed, rng.request, rng.step, position, 0u);
+        if (u0 * q0 < static_cast<double>(vx.p) * (1.0 - kTotalSlack)) {
+          accepted = c;
+          break;
+        }
+        const VerifyStatus s = need_total();
+        if (s != VerifyStatus::kOk) return s;
+      }
       double px = 0, qx = 0;
       probs_of(x, vx, j, &px, &qx);
       if (!has_draft) qx = 1.0;
@@ -336,6 +363,8 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       continue;
     }
     // Bonus (leaf) or recovered (all children rejected) token: draw from p after j rejections.
+    const VerifyStatus with_total = need_total();
+    if (with_total != VerifyStatus::kOk) return with_total;
     const auto weight = [&](int32_t i) {
       double p = 0, q = 0;
       probs_at(i, j, &p, &q);
