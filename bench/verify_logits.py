@@ -17,25 +17,18 @@ compared: equal on the CPU, where both fold their sums alike.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 
-from verify_totals import print_table, sequential_totals, synthetic_chains, time_calls
+from verify_totals import chain_arguments, print_table, sequential_totals, synthetic_chains, time_calls
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=151_936)
-    ap.add_argument("--accept", type=float, default=1.0, help="share of requests whose chain is accepted")
+    ap = chain_arguments(__doc__, 5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top-p", type=float, default=1.0)
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     import specd.ops as ops
 

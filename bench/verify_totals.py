@@ -78,15 +78,20 @@ def print_table(times: dict, base: str) -> None:
         print(f"  {name:<34} {ms:9.2f} ms   x{ref / ms:5.2f}")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def chain_arguments(doc: str, reps: int) -> argparse.ArgumentParser:
+    """The synthetic chains' shape, acceptance, repetitions and device options."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=151_936)
     ap.add_argument("--accept", type=float, default=1.0, help="share of requests whose chain is accepted")
-    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = chain_arguments(__doc__, 7).parse_args(argv)
     import specd.ops as ops
 
     dev = torch.device(args.device)

@@ -34,6 +34,17 @@ struct HostRowOptions {
   const std::vector<double>* draft_totals = nullptr;
 };
 
+// Waits for `stream`, destroys it and copies the outputs' device buffers into `out`.
+void download_outputs(cudaStream_t stream, const DeviceBuffer<int32_t>& tokens, const DeviceBuffer<int32_t>& path,
+                      const DeviceBuffer<int32_t>& accepted, const DeviceBuffer<int32_t>& status, BatchOutputs* out) {
+  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
+  SPECD_CUDA_OK(cudaStreamDestroy(stream));
+  out->tokens = tokens.to_host();
+  out->path = path.to_host();
+  out->num_accepted = accepted.to_host();
+  out->status = status.to_host();
+}
+
 // Uploads the run's inputs, runs the kernel of `kind` (stochastic kinds with `split`), downloads `out`.
 void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true,
              cuda::RowSplit split = cuda::RowSplit::kOneBlock, const HostRowOptions& host_options = {}) {
@@ -75,12 +86,7 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
                                                   StochasticRowOptions{nullptr, options.target_totals, nullptr}));
       break;
   }
-  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
-  SPECD_CUDA_OK(cudaStreamDestroy(stream));
-  out->tokens = o_tokens.to_host();
-  out->path = o_path.to_host();
-  out->num_accepted = o_accepted.to_host();
-  out->status = o_status.to_host();
+  download_outputs(stream, o_tokens, o_path, o_accepted, o_status, out);
 }
 
 class VerifyCuda : public ::testing::TestWithParam<KindCase> {};
@@ -256,12 +262,7 @@ void run_gpu_logits(const LogitVerifyCase& lc, bool has_draft, cuda::RowSplit sp
   SPECD_CUDA_OK(cudaStreamCreate(&stream));
   SPECD_CUDA_OK(cuda::verify_stochastic_logits_batch(trees, TargetLogits{l, params.get()}, has_draft ? &q : nullptr,
                                                      c.sampling, keys.get(), o, stream, split));
-  SPECD_CUDA_OK(cudaStreamSynchronize(stream));
-  SPECD_CUDA_OK(cudaStreamDestroy(stream));
-  out->tokens = o_tokens.to_host();
-  out->path = o_path.to_host();
-  out->num_accepted = o_accepted.to_host();
-  out->status = o_status.to_host();
+  download_outputs(stream, o_tokens, o_path, o_accepted, o_status, out);
 }
 
 // The kernels' results equal verify_stochastic_logits_batch_cpu's (which equal verification of

@@ -2,6 +2,7 @@
 tests that run them end to end."""
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -20,3 +21,8 @@ def load_script(relative: str):
         return module
     finally:
         sys.path.remove(str(path.parent))
+
+
+def mean_accepted(text: str) -> float:
+    """The "mean accepted N" a verification benchmark prints."""
+    return float(re.search(r"mean accepted ([0-9.]+)", text).group(1))
