@@ -4,11 +4,12 @@ requests at once so that the host waits for the device as few times as possible.
 - Greedy requests: the argmax of every logits row and whether the row's largest logit is
   finite; each request then follows its tree on the host
   (:func:`specd.verification.verify_greedy_tokens`).
-- Sampled requests: verified where the logits are, in batched ops (by default
-  ``specd::verify_stochastic_logits``: the target's distribution of a node is planned from
-  its logits row inside the walk, only for the nodes the walk visits; with
-  ``from_logits=False`` ``specd::sampling_probs`` writes every node's probability row first,
-  then ``specd::verify_stochastic`` reads them; the same results; rules in
+- Sampled requests: verified where the logits are, in batched ops (by default, for a group
+  with drafts, ``specd::verify_stochastic_logits``: the target's distribution of a node is
+  planned from its logits row inside the walk, only for the nodes the walk visits; for a
+  group of root-only trees, or with ``from_logits=False``, ``specd::sampling_probs`` writes
+  every node's probability row first, then ``specd::verify_stochastic`` reads them; the same
+  results; rules in
   cpp/include/specd/sampling_batch.h and verify_batch.h; CUDA kernels on a GPU, the C++
   references on the CPU), so no ``[rows, vocab]`` row reaches the host: only the accepted
   tokens, paths and counts come back. Requests whose drafts came from the draft model (with
@@ -245,11 +246,11 @@ def _queue_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Te
 
 def _verify_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[int, TokenTree],
                     logits: torch.Tensor, draft_dists: Optional[dict[int, torch.Tensor]],
-                    cluster: bool = False) -> list[Union[VerifyOutput, str]]:
+                    cluster: bool = False, from_logits: bool = True) -> list[Union[VerifyOutput, str]]:
     """Sampled requests' verifications on ``logits``' device: two host-to-device copies (the
     trees; the parameters and keys), one device-to-host copy (the results, the only wait).
     A request whose verification failed gets an error message instead of a VerifyOutput."""
-    q = _queue_sampled(group, trees, logits, draft_dists, cluster)
+    q = _queue_sampled(group, trees, logits, draft_dists, cluster, from_logits=from_logits)
     return q.finish(_read([q])[0])
 
 
@@ -291,7 +292,10 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
         tokens.index_copy_(0, csr[at:at + len(dest)].long(), picked.to(tokens.dtype))
 
     target = _target_rows(logits, [span for _, span in group])
-    if from_logits:
+    # A group of root-only trees (k = 0) visits every row it has: planning them in the walk
+    # saves nothing and recomputes the exponentials of the draw's passes (0.52-0.57x on the
+    # CPU for 1-64 rows at temperature 0.8, docs/benchmarks.md): those take the rows.
+    if from_logits and nodes > n:
         params, keys = _sampling_words(reqs, np.ones(n, dtype=np.int64), device)
         out_tokens, path, accepted, status = verify_stochastic_logits(
             node_offsets, parents, tokens, target, params, draft, keys, cluster=cluster, draft_index=index,
