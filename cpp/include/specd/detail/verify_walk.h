@@ -271,7 +271,7 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       have_total = s == VerifyStatus::kOk;
       return s;
     };
-    if (!Target::kTotalNearOne) {
+    if constexpr (!Target::kTotalNearOne) {
       const VerifyStatus s = need_total();
       if (s != VerifyStatus::kOk) return s;
     }
@@ -312,18 +312,20 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       const ProbPair vx = entries(x, load(x));
       if (!valid_prob(vx.p)) return VerifyStatus::kBadTargetRow;
       if (!valid_prob(vx.q)) return VerifyStatus::kBadDraftRow;
-      if (!have_total) {  // the first child (j == 0), the total not summed yet (kTotalNearOne)
-        // p(x) lies within kTotalSlack of its entry: a test that accepts for every total in
-        // that range accepts (the same u, the same q(x) as the exact test below).
-        const double q0 = has_draft ? exact_mul(static_cast<double>(vx.q), q_inv) : 1.0;
-        if (!(q0 > 0)) return VerifyStatus::kZeroDraftProbability;
-        const double u0 = philox_uniform(rng.seed, rng.request, rng.step, position, 0u);
-        if (u0 * q0 < static_cast<double>(vx.p) * (1.0 - kTotalSlack)) {
-          accepted = c;
-          break;
+      if constexpr (Target::kTotalNearOne) {
+        if (!have_total) {  // the first child (j == 0): the total not summed yet
+          // p(x) lies within kTotalSlack of its entry: a test that accepts for every total in
+          // that range accepts (the same u, the same q(x) as the exact test below).
+          const double q0 = has_draft ? exact_mul(static_cast<double>(vx.q), q_inv) : 1.0;
+          if (!(q0 > 0)) return VerifyStatus::kZeroDraftProbability;
+          const double u0 = philox_uniform(rng.seed, rng.request, rng.step, position, 0u);
+          if (u0 * q0 < static_cast<double>(vx.p) * (1.0 - kTotalSlack)) {
+            accepted = c;
+            break;
+          }
+          const VerifyStatus s = need_total();
+          if (s != VerifyStatus::kOk) return s;
         }
-        const VerifyStatus s = need_total();
-        if (s != VerifyStatus::kOk) return s;
       }
       double px = 0, qx = 0;
       probs_of(x, vx, j, &px, &qx);
@@ -363,8 +365,10 @@ SPECD_HOST_DEVICE VerifyStatus stochastic_walk(Block& b, const RequestNodes& nod
       continue;
     }
     // Bonus (leaf) or recovered (all children rejected) token: draw from p after j rejections.
-    const VerifyStatus with_total = need_total();
-    if (with_total != VerifyStatus::kOk) return with_total;
+    if constexpr (Target::kTotalNearOne) {
+      const VerifyStatus s = need_total();
+      if (s != VerifyStatus::kOk) return s;
+    }
     const auto weight = [&](int32_t i) {
       double p = 0, q = 0;
       probs_at(i, j, &p, &q);
