@@ -19,6 +19,12 @@ constexpr int kTokensThreads = 128;   // greedy tokens: requests per block, one 
 constexpr int kStochasticClusterMinBlocks = 3;
 using Block = detail::DeviceBlock<kThreads>;
 using ClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks>;
+// From logits: the row plan's radix selections (top-k / top-p) keep their candidates once they
+// fit, as in the sampling kernels (32 KiB of shared memory per block), so their later levels
+// read the cache instead of the row. The sums fold as without it.
+constexpr int kPlanCache = 2048;
+using PlanBlock = detail::DeviceBlock<kThreads, kPlanCache>;
+using PlanClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks, kPlanCache>;
 using GreedyBlock = detail::DeviceBlock<kGreedyThreads>;
 using specd::detail::Emitter;
 using specd::detail::RequestNodes;
@@ -110,9 +116,9 @@ template <class Row>
 __global__ void __launch_bounds__(kThreads)
     verify_logits_kernel(TreeBatchView trees, TargetLogits target, ProbRows draft, StochasticRowOptions options,
                          DraftSampling sampling, const RngKey* rng, VerifyOutputs out) {
-  __shared__ Block::Shared shared;
+  __shared__ PlanBlock::Shared shared;
   __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
-  Block b(&shared);
+  PlanBlock b(&shared);
   verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x), trees, target, draft, options, sampling, rng, out,
                              rejected);
 }
@@ -123,9 +129,9 @@ __global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
                                  StochasticRowOptions options, DraftSampling sampling, const RngKey* rng,
                                  VerifyOutputs out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ ClusterBlk::Shared shared;
+  __shared__ PlanClusterBlk::Shared shared;
   __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
-  ClusterBlk b(&shared);
+  PlanClusterBlk b(&shared);
   verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, trees, target, draft,
                              options, sampling, rng, out, rejected);
   b.finish();
