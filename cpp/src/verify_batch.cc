@@ -101,9 +101,9 @@ Status validate_verify_stochastic_logits(const TreeBatchView& trees, const Targe
   SPECD_RETURN_IF_ERROR(validate_tree_batch(trees));
   SPECD_RETURN_IF_ERROR(validate_verify_outputs(trees, out));
   SPECD_RETURN_IF_ERROR(validate_logit_rows(target.logits));
-  if (target.logits.rows < trees.num_nodes)
+  if (target.row_index == nullptr && target.logits.rows < trees.num_nodes)
     return error_status(StatusCode::kInvalidArgument, "target logits: ", target.logits.rows, " rows for ",
-                        trees.num_nodes, " nodes; one row per node is needed");
+                        trees.num_nodes, " nodes; one row per node is needed (or a row_index)");
   if (trees.batch > 0 && target.params == nullptr)
     return error_status(StatusCode::kInvalidArgument, "verify_stochastic from logits: null params");
   if (options.target_totals != nullptr)
@@ -177,7 +177,7 @@ Status verify_stochastic_logits_batch_cpu(const TreeBatchView& trees, const Targ
     for (int32_t r = 0; r < trees.batch; ++r) {
       const int32_t vocab = target.logits.vocab;
       detail::verify_request(b, trees, r, vocab, out, [&](const detail::RequestNodes& n, detail::Emitter& e) {
-        detail::LogitTarget<Row> rows{target.logits, target.params[r], &plan};
+        detail::LogitTarget<Row> rows{target.logits, target.row_index, target.params[r], &plan};
         return detail::stochastic_walk(b, n, e, rows, draft != nullptr ? *draft : no_draft, options, sampling,
                                        rng[r], rejected);
       });

@@ -107,7 +107,7 @@ __device__ void verify_logits_request(B& b, int32_t r, const TreeBatchView& tree
   const RngKey key = rng[r];
   const SamplingParams params = target.params[r];
   specd::detail::verify_request(b, trees, r, target.logits.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    specd::detail::LogitTarget<Row> rows{target.logits, params, &plan};
+    specd::detail::LogitTarget<Row> rows{target.logits, target.row_index, params, &plan};
     return specd::detail::stochastic_walk(b, n, e, rows, draft, options, sampling, key, rejected);
   });
 }

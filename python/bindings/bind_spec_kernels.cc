@@ -221,19 +221,21 @@ void bind_spec_kernels(py::module_& m) {
          uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride, uintptr_t params,
          uintptr_t draft, int32_t draft_rows, int64_t draft_stride, const std::string& sampling, uintptr_t rng,
          uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
-         uintptr_t draft_index, uintptr_t draft_totals) {
+         uintptr_t draft_index, uintptr_t draft_totals, uintptr_t target_index) {
         const ProbRows d = prob_rows(draft, draft_rows, vocab, draft_stride);
         check(verify_stochastic_logits_batch_cpu(
             trees(offsets, parents, tokens, batch, num_nodes),
-            TargetLogits{logit_rows(logits, dtype, rows, vocab, stride), ptr<const SamplingParams>(params)},
+            TargetLogits{logit_rows(logits, dtype, rows, vocab, stride), ptr<const SamplingParams>(params),
+                         ptr<const int32_t>(target_index)},
             draft ? &d : nullptr, draft_sampling(sampling), ptr<const RngKey>(rng),
             outputs(out_tokens, out_path, num_accepted, status, out_stride), row_options(draft_index, 0, draft_totals)));
       },
       SPECD_TREE_ARGS, SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("draft_ptr"), py::arg("draft_rows"),
       py::arg("draft_stride"), py::arg("draft_sampling"), py::arg("rng_ptr"), SPECD_OUT_ARGS,
-      py::arg("draft_index_ptr") = 0, py::arg("draft_totals_ptr") = 0,
+      py::arg("draft_index_ptr") = 0, py::arg("draft_totals_ptr") = 0, py::arg("target_index_ptr") = 0,
       "verify_stochastic_logits_batch_cpu (specd/verify_batch.h) on host pointers: the target's "
-      "logits rows and each request's packed SamplingParams [batch]; draft rows and options as "
+      "logits rows, each request's packed SamplingParams [batch] and optionally each node's row "
+      "(int32 target_index [num_nodes], TargetLogits::row_index); draft rows and options as "
       "verify_stochastic_batch_cpu's.");
 
 #ifdef SPECD_WITH_CUDA
@@ -350,9 +352,10 @@ void bind_spec_kernels(py::module_& m) {
          uintptr_t logits, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride, uintptr_t params,
          uintptr_t draft, int32_t draft_rows, int64_t draft_stride, const std::string& sampling, uintptr_t rng,
          uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
-         uintptr_t stream, bool cluster, uintptr_t draft_index, uintptr_t draft_totals) {
+         uintptr_t stream, bool cluster, uintptr_t draft_index, uintptr_t draft_totals, uintptr_t target_index) {
         const TreeBatchView t = trees(offsets, parents, tokens, batch, num_nodes);
-        const TargetLogits target{logit_rows(logits, dtype, rows, vocab, stride), ptr<const SamplingParams>(params)};
+        const TargetLogits target{logit_rows(logits, dtype, rows, vocab, stride), ptr<const SamplingParams>(params),
+                                  ptr<const int32_t>(target_index)};
         const ProbRows d = prob_rows(draft, draft_rows, vocab, draft_stride);
         const DraftSampling s = draft_sampling(sampling);
         const VerifyOutputs o = outputs(out_tokens, out_path, num_accepted, status, out_stride);
@@ -365,6 +368,7 @@ void bind_spec_kernels(py::module_& m) {
       SPECD_TREE_ARGS, SPECD_LOGITS_ARGS, py::arg("params_ptr"), py::arg("draft_ptr"), py::arg("draft_rows"),
       py::arg("draft_stride"), py::arg("draft_sampling"), py::arg("rng_ptr"), SPECD_OUT_ARGS, py::arg("stream"),
       py::arg("cluster") = false, py::arg("draft_index_ptr") = 0, py::arg("draft_totals_ptr") = 0,
+      py::arg("target_index_ptr") = 0,
       "Launch the CUDA stochastic verification kernel from the target's logits on device pointers "
       "(no host sync); cluster: a thread-block cluster per request.");
   m.def("verify_clusters_available", &cuda::verify_clusters_available,

@@ -115,7 +115,8 @@ TEST(VerifyLogitsCpu, SeveralThreadsPerRequestMatchOneThread) {
         run_threaded(threads, [&](ThreadedBlock& b) {
           detail::RowPlan plan;  // this thread's own (sample_row.h: every thread writes the same values)
           detail::verify_request(b, trees, r, vocab, o, [&](const detail::RequestNodes& n, detail::Emitter& e) {
-            detail::LogitTarget<detail::Float32Row> target{lc.logits(), lc.params[static_cast<std::size_t>(r)], &plan};
+            detail::LogitTarget<detail::Float32Row> target{lc.logits(), nullptr, lc.params[static_cast<std::size_t>(r)],
+                                                           &plan};
             return detail::stochastic_walk(b, n, e, target, q, {}, c.sampling, c.keys[static_cast<std::size_t>(r)],
                                            rejected);
           });
@@ -226,6 +227,50 @@ TEST(VerifyLogitsCpu, AcceptTestsNearTheBoundaryMatchTheRows) {
   EXPECT_GE(cases, 20);
   EXPECT_GT(accepted, 0);               // the cases below the boundary accept
   EXPECT_LT(accepted, cases * 7);       // and those above it reject
+}
+
+// Logits rows found through row_index (shuffled among junk rows, as a step's rows where the
+// group's requests are not next to one another) give the node-ordered results; a visited
+// node without a row fails its request alone.
+TEST(VerifyLogitsCpu, RowIndexGivesTheNodeOrderedResults) {
+  const LogitVerifyCase lc = random_logit_verify_case(91, 40, 50, Proposal::kDraftWithoutReplacement,
+                                                      LogitsDtype::kFloat32, 3);
+  const VerifyCase& c = lc.c;
+  const ProbRows q = c.draft_rows();
+  BatchOutputs want(c.batch(), c.num_nodes()), got(c.batch(), c.num_nodes());
+  SPECD_ASSERT_OK(verify_stochastic_logits_batch_cpu(c.view(), lc.target(), &q, c.sampling, c.keys.data(),
+                                                     want.view()));
+  const int32_t rows = c.num_nodes() + 9;
+  std::vector<float> junk(static_cast<std::size_t>(rows) * static_cast<std::size_t>(c.stride), NAN);
+  std::vector<int32_t> slot(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < slot.size(); ++i) slot[i] = static_cast<int32_t>(i);
+  std::mt19937_64 g(4);
+  std::shuffle(slot.begin(), slot.end(), g);
+  std::vector<int32_t> index(static_cast<std::size_t>(c.num_nodes()));
+  for (int32_t n = 0; n < c.num_nodes(); ++n) {
+    index[static_cast<std::size_t>(n)] = slot[static_cast<std::size_t>(n)];
+    std::copy_n(c.logits.begin() + static_cast<std::ptrdiff_t>(n) * c.stride, c.stride,
+                junk.begin() + static_cast<std::ptrdiff_t>(slot[static_cast<std::size_t>(n)]) * c.stride);
+  }
+  TargetLogits t{LogitRows{junk.data(), LogitsDtype::kFloat32, rows, c.vocab, c.stride}, lc.params.data(),
+                 index.data()};
+  SPECD_ASSERT_OK(verify_stochastic_logits_batch_cpu(c.view(), t, &q, c.sampling, c.keys.data(), got.view()));
+  expect_same_outputs(got, want, "row_index");
+  for (const int32_t bad : {-1, rows}) {
+    std::vector<int32_t> broken = index;
+    broken[0] = bad;  // request 0's root: always visited
+    t.row_index = broken.data();
+    BatchOutputs out(c.batch(), c.num_nodes());
+    SPECD_ASSERT_OK(verify_stochastic_logits_batch_cpu(c.view(), t, &q, c.sampling, c.keys.data(), out.view()));
+    EXPECT_EQ(out.status[0], static_cast<int32_t>(VerifyStatus::kBadTargetRow)) << bad;
+    EXPECT_EQ(std::vector<int32_t>(out.status.begin() + 1, out.status.end()),
+              std::vector<int32_t>(want.status.begin() + 1, want.status.end()));
+  }
+  // With an index the logits may have fewer rows than there are nodes.
+  std::vector<int32_t> first_rows(static_cast<std::size_t>(c.num_nodes()), 0);
+  t = TargetLogits{LogitRows{c.logits.data(), LogitsDtype::kFloat32, 1, c.vocab, c.stride}, lc.params.data(),
+                   first_rows.data()};
+  EXPECT_TRUE(verify_stochastic_logits_batch_cpu(c.view(), t, &q, c.sampling, c.keys.data(), got.view()).ok());
 }
 
 TEST(VerifyLogitsCpuValidation, RejectsBadSizesAndPointers) {

@@ -504,6 +504,16 @@ def test_verify_stochastic_logits_equals_verification_of_sampled_rows():
                 assert not want[3].any()
                 for w, g in zip(want, got):
                     assert torch.equal(g, w), (dtype, sampling, d is None, sorted(extra))
+        # The logits rows through target_index, shuffled among NaN rows: the same results.
+        nodes = int(offsets[-1])
+        slots = torch.from_numpy(rng.permutation(nodes + 4)[:nodes].astype(np.int32))
+        spread = torch.full((nodes + 4, logits.shape[1]), float("nan"), dtype=dtype)
+        spread[slots.long()] = logits
+        want = ops.verify_stochastic_logits(offsets, parents, tokens, logits, param_rows(per_request), draft, keys)
+        got = ops.verify_stochastic_logits(offsets, parents, tokens, spread, param_rows(per_request), draft, keys,
+                                           target_index=slots)
+        for w, g in zip(want, got):
+            assert torch.equal(g, w), dtype
         params = per_request[:]
         params[2] = (-1.0, 0, 1.0, 0.0)
         bad = logits.clone()
@@ -521,8 +531,11 @@ def test_verify_stochastic_logits_equals_verification_of_sampled_rows():
     with pytest.raises(errors.InvalidArgumentError, match="need draft_probs"):
         op(offsets, parents, tokens, logits, param_rows(per_request), None, keys,
            draft_totals=torch.ones(len(draft), dtype=torch.float64))
-    with pytest.raises(errors.InvalidArgumentError, match="rows"):
+    with pytest.raises(errors.InvalidArgumentError, match="rows for"):
         op(offsets, parents, tokens, logits[:-1], param_rows(per_request), draft, keys)
+    with pytest.raises(errors.InvalidArgumentError, match="target_index must have shape"):
+        op(offsets, parents, tokens, logits, param_rows(per_request), draft, keys,
+           target_index=torch.zeros(3, dtype=torch.int32))
 
 
 def test_gpu_verify_stochastic_logits_equals_cpu_op(cuda):
@@ -536,12 +549,18 @@ def test_gpu_verify_stochastic_logits_equals_cpu_op(cuda):
         params = param_rows(per_request)
         want = ops.verify_stochastic_logits(offsets, parents, tokens, logits, params, buf, keys, draft_index=index,
                                             draft_totals=d_totals)
+        reversed_rows = torch.arange(len(logits) - 1, -1, -1, dtype=torch.int32)
         for cluster in (False, True):
             got = ops.verify_stochastic_logits(*to(cuda, (offsets, parents, tokens, logits, params, buf, keys)),
                                                cluster=cluster, draft_index=index.to(cuda),
                                                draft_totals=d_totals.to(cuda))
             for w, g in zip(want, got):
                 assert torch.equal(g.cpu(), w), (dtype, cluster)
+            got = ops.verify_stochastic_logits(*to(cuda, (offsets, parents, tokens, logits.flip(0), params, buf,
+                                                          keys)), cluster=cluster, draft_index=index.to(cuda),
+                                               draft_totals=d_totals.to(cuda), target_index=reversed_rows.to(cuda))
+            for w, g in zip(want, got):
+                assert torch.equal(g.cpu(), w), (dtype, cluster, "target_index")
 
 
 def test_gpu_verify_stochastic_draft_index_equals_cpu_op(cuda):

@@ -115,8 +115,13 @@ struct StochasticRowOptions {
 // The target of stochastic verification from logits (the rules above; device memory for the
 // kernels).
 struct TargetLogits {
-  LogitRows logits;                       // [rows >= num_nodes, stride] the target's logits, node n at row n
+  LogitRows logits;                       // [rows, stride] the target's logits: node n's row is row n
   const SamplingParams* params = nullptr;  // [batch] each request's sampling parameters
+  // [num_nodes] node n's row of `logits` instead of row n (e.g. a step's logits where the
+  // group's requests are not next to one another), so that nothing is gathered; then any
+  // number of rows will do, and a visited node whose index is outside [0, logits.rows) gives
+  // kBadTargetRow (an unvisited node's index is not read). null: row n (logits.rows >= num_nodes).
+  const int32_t* row_index = nullptr;
 };
 
 // The checks of each call (sizes and pointers, not contents), shared by the CPU functions and

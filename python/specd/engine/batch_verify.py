@@ -22,7 +22,8 @@ requests at once so that the host waits for the device as few times as possible.
   passes, and measured 0.7-0.8x the time of the probability rows plus verification on the
   CPU for rows without a cut, bench/root_sampling.py.)
   Nothing is copied into node order: the target rows are a view of the logits when the
-  group's spans follow one another, and the draft rows stay where the draft wrote them
+  group's spans follow one another (from the logits, otherwise found through a row index;
+  the rows path gathers them), and the draft rows stay where the draft wrote them
   (the ops' draft_index). The draft rows' totals come with them (from the draft graph
   runner; without from_logits the target's too, from ``sampling_probs``), so verification
   reads a draft row whole only where a rejection or the final draw needs it, not at every
@@ -279,32 +280,39 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
             draft_index[dest - 1] = src // n_cols * row_stride + src % n_cols
         else:
             draft, draft_index = _draft_rows([draft_dists[r.id] for r in reqs], offsets)
-    csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
-                                                     + [t.tokens for t in tree_list] + [draft_index, dest, src]
-                                                     ).astype(np.int32)), device)
     n = len(reqs)
+    spans = [span for _, span in group]
+    # A group of root-only trees (k = 0) visits every row it has: planning them in the walk
+    # saves nothing and recomputes the exponentials of the draw's passes (0.52-0.57x on the
+    # CPU for 1-64 rows at temperature 0.8, docs/benchmarks.md): those take the rows.
+    use_logits = from_logits and nodes > n
+    # From the logits, rows of spans apart are found through a row index (nothing gathered).
+    row_index = (np.concatenate([np.arange(a, b) for a, b in spans]) if use_logits and not _contiguous(spans)
+                 else np.zeros(0, dtype=np.int32))
+    csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
+                                                     + [t.tokens for t in tree_list]
+                                                     + [draft_index, row_index, dest, src]).astype(np.int32)), device)
     node_offsets, parents, tokens = csr[:n + 1], csr[n + 1:n + 1 + nodes], csr[n + 1 + nodes:n + 1 + 2 * nodes]
     at = n + 1 + 2 * nodes
     index = csr[at:at + nodes] if draft is not None else None
     at += len(draft_index)
+    target_index = csr[at:at + nodes] if len(row_index) else None
+    at += len(row_index)
     if len(dest):
         picked = drafts.tokens.reshape(-1).index_select(0, csr[at + len(dest):].long())
         tokens.index_copy_(0, csr[at:at + len(dest)].long(), picked.to(tokens.dtype))
 
-    target = _target_rows(logits, [span for _, span in group])
-    # A group of root-only trees (k = 0) visits every row it has: planning them in the walk
-    # saves nothing and recomputes the exponentials of the draw's passes (0.52-0.57x on the
-    # CPU for 1-64 rows at temperature 0.8, docs/benchmarks.md): those take the rows.
-    if from_logits and nodes > n:
+    if use_logits:
         params, keys = _sampling_words(reqs, np.ones(n, dtype=np.int64), device)
+        target = logits if target_index is not None else _target_rows(logits, spans)
         out_tokens, path, accepted, status = verify_stochastic_logits(
             node_offsets, parents, tokens, target, params, draft, keys, cluster=cluster, draft_index=index,
-            draft_totals=draft_totals)
+            draft_totals=draft_totals, target_index=target_index)
         row_status = status[:0]
     else:
         params, keys = _sampling_words(reqs, sizes, device)
         target_totals = torch.empty(nodes, dtype=torch.float64, device=device)
-        probs, row_status = sampling_probs(target, params, cluster, target_totals)
+        probs, row_status = sampling_probs(_target_rows(logits, spans), params, cluster, target_totals)
         out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
                                                                cluster=cluster, draft_index=index,
                                                                target_totals=target_totals, draft_totals=draft_totals)
@@ -327,10 +335,15 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
     return _Queued(torch.cat([out_tokens, path, accepted, status, row_status]).to(torch.int64), finish)
 
 
+def _contiguous(spans: list[tuple[int, int]]) -> bool:
+    """Whether the spans follow one another."""
+    return all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1))
+
+
 def _target_rows(logits: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor:
     """The rows ``[a, b)`` of each span, in order: a view of ``logits`` when the spans follow one
     another (the usual case: every deciding request of the step is in the group), else a copy."""
-    if all(spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)):
+    if _contiguous(spans):
         return logits[spans[0][0]:spans[-1][1]]
     return torch.cat([logits[a:b] for a, b in spans])
 

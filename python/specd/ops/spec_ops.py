@@ -424,6 +424,7 @@ def verify_stochastic_logits(node_offsets: torch.Tensor, parents: torch.Tensor, 
                              draft_probs: Optional[torch.Tensor], rng: torch.Tensor,
                              draft_sampling: str = "without_replacement", out_stride: int = 0, cluster: bool = False,
                              draft_index: Optional[torch.Tensor] = None, draft_totals: Optional[torch.Tensor] = None,
+                             target_index: Optional[torch.Tensor] = None,
                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`verify_stochastic` from the target's logits: node n's target distribution is
     :func:`sampling_probs` of ``target_logits`` row n (``[rows >= num_nodes, vocab]``,
@@ -434,22 +435,29 @@ def verify_stochastic_logits(node_offsets: torch.Tensor, parents: torch.Tensor, 
     (the same bits on the CPU). Per-request statuses as there, plus 9 (kBadSamplingParams) for
     invalid parameters; a visited row with a NaN/+inf or no finite logit gives 3. draft_probs,
     rng, draft_sampling, out_stride, cluster, draft_index, draft_totals: as :func:`verify_stochastic`.
-    Returns (tokens, path, num_accepted, status)."""
+    target_index: int32 ``[num_nodes]``, node n's row of target_logits (any number of rows; a
+    visited node whose row is outside them: status 3), so a step's logits need no gather;
+    None: row n. Returns (tokens, path, num_accepted, status)."""
     no_kernel_for_device("verify_stochastic_logits", node_offsets, parents, tokens, target_logits)
 
 
 def _verify_stochastic_logits(node_offsets, parents, tokens, target_logits, target_params, draft_probs, rng,
                               draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None,
-                              draft_totals=None):
+                              draft_totals=None, target_index=None):
     op = "verify_stochastic_logits"
     device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens,
                            target_logits=target_logits, target_params=target_params, draft_probs=draft_probs,
-                           rng=rng, draft_index=draft_index, draft_totals=draft_totals)
+                           rng=rng, draft_index=draft_index, draft_totals=draft_totals, target_index=target_index)
     offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
     target, stride, dtype = _logits(op, "target_logits", target_logits)
     vocab = target.shape[1]
     params = _packed(op, "target_params", target_params, batch, 4)
     draft, options, _kept = _draft_args(op, draft_probs, vocab, nodes, draft_index, draft_totals)
+    if target_index is not None:
+        _kept.append(index(op, "target_index", target_index, torch.int32, (nodes,)))
+        options["target_index_ptr"] = _kept[-1].data_ptr()
+    elif target.shape[0] < nodes:
+        fail(op, f"target_logits has {target.shape[0]} rows for {nodes} nodes (one per node, or a target_index)")
     rng = _packed(op, "rng", rng, batch, 3)
     draft_sampling = _draft_sampling(op, draft_sampling)
     out = _outputs(op, device, batch, nodes, out_stride)
@@ -463,7 +471,8 @@ def _verify_stochastic_logits(node_offsets, parents, tokens, target_logits, targ
 
 @verify_stochastic_logits.register_fake
 def _(node_offsets, parents, tokens, target_logits, target_params, draft_probs, rng,
-      draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None, draft_totals=None):
+      draft_sampling="without_replacement", out_stride=0, cluster=False, draft_index=None, draft_totals=None,
+      target_index=None):
     return _fake_outputs(node_offsets, parents, out_stride)
 
 

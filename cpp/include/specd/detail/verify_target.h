@@ -118,16 +118,19 @@ struct ProbTarget {
 template <class Row>
 struct LogitTarget {
   LogitRows logits;
-  SamplingParams params;  // the request's
-  RowPlan* plan;          // the caller's slot (the rules above)
-  Row row{};              // the visited row
+  const int32_t* row_index;  // TargetLogits::row_index (may be null)
+  SamplingParams params;     // the request's
+  RowPlan* plan;             // the caller's slot (the rules above)
+  Row row{};                 // the visited row
 
   static constexpr bool kTotalNearOne = true;  // (the rule above)
   SPECD_HOST_DEVICE int32_t vocab() const { return logits.vocab; }
   template <class Block>
   SPECD_HOST_DEVICE VerifyStatus visit(Block& b, int32_t node) {
     b.sync();  // no thread still reads the previous node's plan
-    row = Row::at(logits.data, int64_t{node} * logits.stride);
+    const int64_t r = row_index != nullptr ? row_index[node] : node;
+    if (r < 0 || r >= logits.rows) return VerifyStatus::kBadTargetRow;
+    row = Row::at(logits.data, r * logits.stride);
     const SampleStatus s = plan_row(b, row, logits.vocab, params, plan);
     if (s == SampleStatus::kBadParams) return VerifyStatus::kBadSamplingParams;
     return s == SampleStatus::kOk ? VerifyStatus::kOk : VerifyStatus::kBadTargetRow;
