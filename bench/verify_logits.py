@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from verify_totals import chain_arguments, print_table, sequential_totals, synthetic_chains, time_calls
+from verify_totals import chain_arguments, print_table, run_and_time, sequential_totals, synthetic_chains
 
 
 def main(argv=None) -> int:
@@ -58,11 +58,8 @@ def main(argv=None) -> int:
         "verify_stochastic_logits": lambda: ops.verify_stochastic_logits(
             offsets, parents, tokens, logits, request_params, draft, keys, cluster=True, draft_totals=d_totals),
     }
-    outs = {name: call() for name, call in calls.items()}
-    same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
+    outs, same, mean_accepted, times = run_and_time(calls, args.reps, dev, "verify_stochastic_logits")
     ok = not bool(outs["verify_stochastic_logits"][3].any())
-    mean_accepted = float(outs["verify_stochastic_logits"][2].float().mean())
-    times = time_calls(calls, args.reps, dev)
     print(f"sampled verification, {n} chains x k {k} x vocab {vocab} (SYNTHETIC), {args.dtype} logits, "
           f"temperature {args.temperature}, top-p {args.top_p}, device {dev}, {args.accept:.0%} accepted chains "
           f"(mean accepted {mean_accepted:.2f}), median of {args.reps}; outputs equal: {same}")

@@ -70,6 +70,15 @@ def time_calls(calls: dict, reps: int, dev: torch.device) -> dict:
     return times
 
 
+def run_and_time(calls: dict, reps: int, dev: torch.device, last: str) -> tuple:
+    """Each call once (its outputs), whether all give equal outputs, the mean accepted count of
+    call ``last`` and each call's times (time_calls)."""
+    outs = {name: call() for name, call in calls.items()}
+    same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
+    mean_accepted = float(outs[last][2].float().mean())
+    return outs, same, mean_accepted, time_calls(calls, reps, dev)
+
+
 def print_table(times: dict, base: str) -> None:
     """Median ms of each call and its speed-up over ``base``."""
     ref = statistics.median(times[base])
@@ -106,10 +115,7 @@ def main(argv=None) -> int:
         "row totals given": lambda: ops.verify_stochastic(offsets, parents, tokens, target, draft, keys, cluster=True,
                                                           target_totals=t_totals, draft_totals=d_totals),
     }
-    outs = {name: call() for name, call in calls.items()}
-    same = all(torch.equal(a, b) for a, b in zip(*outs.values()))
-    mean_accepted = float(outs["row totals given"][2].float().mean())
-    times = time_calls(calls, args.reps, dev)
+    _, same, mean_accepted, times = run_and_time(calls, args.reps, dev, "row totals given")
     print(f"verify_stochastic, {n} chains x k {k} x vocab {vocab} (SYNTHETIC rows), device {dev}, "
           f"{args.accept:.0%} accepted chains (mean accepted {mean_accepted:.2f}), median of {args.reps}; "
           f"outputs equal: {same}")

@@ -452,10 +452,10 @@ def _verify_stochastic_logits(node_offsets, parents, tokens, target_logits, targ
     target, stride, dtype = _logits(op, "target_logits", target_logits)
     vocab = target.shape[1]
     params = _packed(op, "target_params", target_params, batch, 4)
-    draft, options, _kept = _draft_args(op, draft_probs, vocab, nodes, draft_index, draft_totals)
+    draft, options, kept = _draft_args(op, draft_probs, vocab, nodes, draft_index, draft_totals)
     if target_index is not None:
-        _kept.append(index(op, "target_index", target_index, torch.int32, (nodes,)))
-        options["target_index_ptr"] = _kept[-1].data_ptr()
+        kept.append(index(op, "target_index", target_index, torch.int32, (nodes,)))
+        options["target_index_ptr"] = kept[-1].data_ptr()
     elif target.shape[0] < nodes:
         fail(op, f"target_logits has {target.shape[0]} rows for {nodes} nodes (one per node, or a target_index)")
     rng = _packed(op, "rng", rng, batch, 3)
