@@ -14,7 +14,7 @@ requests at once so that the host waits for the device as few times as possible.
   references on the CPU), so no ``[rows, vocab]`` row reaches the host: only the accepted
   tokens, paths and counts come back. Requests whose drafts came from the draft model (with
   their distributions) and model-free ones (one-hot drafts) are two groups, one op call each
-  (two without from_logits). With
+  (two on the rows path). With
   ``KernelChoice.draw = "gumbel"``, requests without drafts (a root-only tree: k = 0)
   are a third group: one ``specd::sample_tokens`` call with the Gumbel-max draw, no
   probability rows. (By default they stay in the second group: ``sample_tokens``' own
