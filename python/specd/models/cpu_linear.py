@@ -21,6 +21,9 @@ Rules:
 - The two round differently (a different summation order), so a model takes one of them for
   all its forwards (``LlamaModel.cpu_linear``): plain decoding and speculation then compute
   with the same products, as on the GPU.
+- Under torch.compile, ``onednn_linear`` is ``F.linear``: inductor lowers oneDNN's op only for
+  weights it freezes as constants, and picks its own product kernels for ``F.linear`` (so a
+  compiled forward rounds differently from the eager one in either case).
 - Nothing here keeps state: the choice is the model's, resolved once per (device, dtype).
 """
 
@@ -46,7 +49,7 @@ def torch_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
 def onednn_linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     """oneDNN's inner product with ``layer``'s weight and bias (``F.linear`` for 0 rows).
     x ``[T, in]`` (CPU, the weight's dtype) -> ``[T, out]``."""
-    if x.shape[0] == 0:
+    if x.shape[0] == 0 or torch.compiler.is_compiling():
         return F.linear(x, layer.weight, layer.bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), layer.weight, layer.bias, "none", [], "")
 

@@ -216,7 +216,8 @@ class LlamaModel(nn.Module):
         """Concatenates q/k/v and gate/up weights of every layer for the fused forward (done by
         the first fused forward, and again whenever the weights were replaced or moved). Not
         during CUDA graph capture: the first fused forward must run eagerly (the graph runners
-        warm up before they capture)."""
+        warm up before they capture). Likewise before torch.compile: a compiled forward does
+        not check the weights (a replaced weight needs a new eager forward first)."""
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise InvalidArgumentError("fuse_projections during CUDA graph capture: run a fused forward eagerly first")
         with torch.inference_mode(False):  # normal tensors: the weights stay loadable in place
@@ -231,7 +232,9 @@ class LlamaModel(nn.Module):
         first = self.model.layers[0]
         return (first.self_attn.q_proj.weight.data_ptr(), first.mlp.gate_proj.weight.data_ptr(), self.dtype)
 
-    @torch.inference_mode()
+    # no_grad, not inference_mode: torch.compile cannot take inference tensors made outside
+    # the compiled code (such as the rotary table built by a first eager forward).
+    @torch.no_grad()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: list[LayerKV],
                 logits_indices: Optional[torch.Tensor] = None,
                 backend: Optional[AttentionBackend] = None,
@@ -266,7 +269,9 @@ class LlamaModel(nn.Module):
                        backend: AttentionBackend) -> torch.Tensor:
         """The fused forward (module doc) from the embeddings x ``[T, hidden]``; returns the
         LM head's output in the model's dtype. x is the residual stream, updated in place."""
-        if self._fused_key != self._projection_key():
+        # (Not while torch.compile traces: it cannot compare data pointers. As before a graph
+        # capture, a fused forward must have run eagerly first; fuse_projections' doc.)
+        if not torch.compiler.is_compiling() and self._fused_key != self._projection_key():
             self.fuse_projections()
         ops = torch.ops.specd
         layers = self.model.layers
