@@ -16,7 +16,8 @@ as a single opaque node. Every test compiles with ``fullgraph=True``, so a graph
     F.linear for oneDNN's products, cpu_linear.py), the tokens are equal and the floats close.
 - A step's target side compiled as one graph (the verify forward, then
   verify_stochastic_logits and sample_tokens on its logits) equals the eager step.
-- GPU (skips without one): the draft forward compiled by inductor on CUDA.
+- GPU (skips without one): the draft forward (fused layers) compiled by inductor on CUDA
+  (aot_eager where Triton is missing).
 """
 
 import pytest
@@ -183,7 +184,12 @@ def test_gpu_inductor_draft_forward_equals_eager(pair_dirs):
         pytest.skip("no CUDA device")
     if not ops.HAS_CUDA_KERNELS:
         pytest.skip("specd built without CUDA kernels")
+    from torch.utils._triton import has_triton
+
+    # inductor generates Triton kernels on CUDA; where Triton is missing, aot_eager still
+    # traces the ops and the fused forward into one graph (then exactly).
+    backend = "inductor" if has_triton() else "aot_eager"
     fn, state = draft_forwards(runners_after_a_step(pair_dirs, "cuda", fused=True))
-    want, want_state, got, got_state = eager_and_compiled(fn, state, "inductor")
-    assert_same(want, got, exact=False)
-    assert_same(want_state, got_state, exact=False)
+    want, want_state, got, got_state = eager_and_compiled(fn, state, backend)
+    assert_same(want, got, exact=backend == "aot_eager")
+    assert_same(want_state, got_state, exact=backend == "aot_eager")
