@@ -89,14 +89,23 @@ class Call(NamedTuple):
 def checked_run_draft(monkeypatch, calls):
     """Makes every engine draft call run the plain loop first, then the graph runner on the same
     items (KV writes are the same rows with the same values), and compare them: same drafts,
-    token for token (greedy and sampled rows), and the same distributions."""
+    token for token (greedy and sampled rows), the same distributions, and the same forwards
+    reported to the engine's timer (tokens and attended keys of each)."""
     real = model_runner.run_draft
+
+    def recorder(shapes, then=None):
+        def on_forward(tokens, fn, keys=None):
+            shapes.append((tokens, keys))
+            return fn() if then is None else then(tokens, fn, keys)
+        return on_forward
 
     def run(model, pool, items, on_forward=None, graph=None):
         assert graph is not None  # the engine passes its runner
-        want, want_q = real(model, pool, items)
-        got, got_q = real(model, pool, items, on_forward, graph=graph)
+        want_shapes, got_shapes = [], []
+        want, want_q = real(model, pool, items, recorder(want_shapes))
+        got, got_q = real(model, pool, items, recorder(got_shapes, on_forward), graph=graph)
         assert got == want
+        assert got_shapes == want_shapes
         for g, w in zip(got_q, want_q):
             assert (g is None) == (w is None)
             if g is not None:

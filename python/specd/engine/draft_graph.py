@@ -242,14 +242,7 @@ class DraftGraphRunner:
             buf.tokens[0, n:].zero_()
 
         first = 0 if width else 1
-        # Per forward: (tokens, keys attended; model_runner.segment_keys). Forward j >= 1 feeds
-        # each item still drafting one token at position L - 1 + j.
-        shapes = [(sum(1 for it in items if it.k > j), sum(it.request.length + j for it in items if it.k > j))
-                  for j in range(first, steps)]
-        if width:
-            shapes[0] = (sum(it.request.length - it.request.computed[DRAFT] for it in items),
-                         sum(causal_keys(it.request.computed[DRAFT], it.request.length - it.request.computed[DRAFT])
-                             for it in items))
+        shapes = self._shapes(items, steps, first) if on_forward is not None else []
         self._run_timed(lambda: self._loop(graphs, buf, inp, steps, sampling), shapes, on_forward)
         if not sampling:
             return buf.tokens[first:steps, :n], None, None
@@ -281,6 +274,28 @@ class DraftGraphRunner:
                 graph.replay()
         else:
             self._body(buf, inp, steps, sampling)
+
+    @staticmethod
+    def _shapes(items: Sequence[WorkItem], steps: int, first: int) -> list[tuple[int, int]]:
+        """Per forward ``first .. steps - 1``: (tokens, keys attended; model_runner.segment_keys).
+        Forward 0 catches each item up on its tokens [computed_d, L); forward j >= 1 feeds each
+        item still drafting (k > j) one token at position L - 1 + j. One pass over the items."""
+        tokens, lengths = [0] * steps, [0] * steps  # forward j: items drafting, the sum of their L
+        shapes = []
+        if first == 0:
+            caught = keys = 0
+            for it in items:
+                start = it.request.computed[DRAFT]
+                c = it.request.length - start
+                caught += c
+                keys += causal_keys(start, c)
+            shapes.append((caught, keys))
+        for it in items:
+            length = it.request.length
+            for j in range(1, it.k):  # (it.k <= steps)
+                tokens[j] += 1
+                lengths[j] += length
+        return shapes + [(tokens[j], lengths[j] + j * tokens[j]) for j in range(1, steps)]
 
     @staticmethod
     def _run_timed(loop: Callable[[], None], shapes: list, on_forward) -> None:

@@ -348,7 +348,10 @@ def run_draft_on_device(model: LlamaModel, pool: KVCachePool, items: list[WorkIt
     drafts = DeviceDrafts(tokens, list(items), probs, totals)
     if probs is None:
         return drafts, [None] * len(items)
-    return drafts, [None if it.request.params.greedy else probs[:it.k, i] for i, it in enumerate(items)]
+    columns = probs.unbind(1)  # [k, vocab] views, one per item, made in one call
+    steps = len(probs)
+    return drafts, [None if it.request.params.greedy else (columns[i] if it.k == steps else columns[i][:it.k])
+                    for i, it in enumerate(items)]
 
 
 def _finish_with_graph(graph, items: list[WorkItem], sampled: list[list[torch.Tensor]],
