@@ -103,8 +103,9 @@ def _causal_rows(q: int, words: int) -> np.ndarray:
 
 def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: list[Segment],
             kernel: Optional[bool] = None) -> torch.Tensor:
-    """Runs ``model`` over the segments; returns float32 logits of the rows asked for, in
-    segment order ``[sum of rows, vocab]``. ``kernel``: attend through KernelAttention
+    """Runs ``model`` over the segments; returns logits (``model.logits_dtype``: float32 on the
+    CPU, the model's dtype on a GPU) of the rows asked for, in segment order ``[sum of rows,
+    vocab]``. ``kernel``: attend through KernelAttention
     (models/kernel_attention.py: the kernel the graph runners replay; on the CPU its float32
     reference); None: ``kernel_attention_wanted``."""
     device = model.device

@@ -20,9 +20,9 @@ only: row r of the output is item i's node j for the r-th (i, j) in item order, 
 ``sum(len(tree))`` rows are exactly what ``run_target`` returns. On CUDA the forward is
 captured once per (bucket, q) in a ``torch.cuda.CUDAGraph`` and replayed; on CPU it runs
 eagerly (used to test it against the plain path). Every graph writes its logits into one
-shared float32 buffer of ``max_tokens`` rows (``LlamaModel.forward(logits_out=...)``: the
-float conversion's copy lands there, so no extra copy for 16-bit models), instead of each
-graph holding its own ``[B q, vocab]`` output.
+shared buffer of ``max_tokens`` rows in the model's ``logits_dtype`` (the model's dtype on a
+GPU; ``LlamaModel.forward(logits_out=...)``), instead of each graph holding its own
+``[B q, vocab]`` output.
 
 Real query j of request i (history c = its committed target length) gets kv_len = c + q:
 the kernel's history is kv_len - q_len = c, new token m sits at position c + m, and the tree
@@ -74,7 +74,7 @@ class TargetGraphConfig:
         batch above the last bucket runs the plain path. Empty: no batch padding.
     capture: capture CUDA graphs; None: when the target model is on a CUDA device.
     max_tokens: the most padded query rows (bucket x q) a step may have; more run the plain
-        path. Bounds the shared logits buffer of the graphs (max_tokens x vocab float32).
+        path. Bounds the shared logits buffer of the graphs (max_tokens x vocab, logits_dtype).
         None: no bound (the last bucket x max_query).
     """
 
@@ -137,7 +137,7 @@ class TargetGraphRunner:
         self._buffers: dict[tuple[int, int], _Buffers] = {}
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._mempool = None  # one graph memory pool shared by every captured graph
-        self._logits: Optional[torch.Tensor] = None  # float32 [rows, vocab]: every graph's output
+        self._logits: Optional[torch.Tensor] = None  # [rows, vocab] logits_dtype: every graph's output
 
     def bucket(self, batch: int) -> Optional[int]:
         if not self.config.buckets:
@@ -161,8 +161,8 @@ class TargetGraphRunner:
         return all(-(-(it.request.computed[TARGET] + it.num_tokens) // bs) <= width for it in items)
 
     def run(self, items: Sequence[WorkItem], trees: dict[int, TokenTree], drafts=None) -> torch.Tensor:
-        """The verify forward of ``items`` (``accepts`` true). Returns float32 logits
-        ``[sum of tree sizes, vocab]`` in item order, as ``run_target``: a view of the runner's
+        """The verify forward of ``items`` (``accepts`` true). Returns logits (the model's
+        ``logits_dtype``) ``[sum of tree sizes, vocab]`` in item order, as ``run_target``: a view of the runner's
         buffers on CUDA, valid until its next run.
 
         ``drafts`` (model_runner.DeviceDrafts): chains of some items still on the device, their
@@ -265,8 +265,8 @@ class TargetGraphRunner:
         d["input_ids"].view(buf.batch, buf.q)[:, 1:1 + k].copy_(picked.T)
 
     def _forward(self, buf: _Buffers, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The target forward on the buffers: the code a CUDA graph captures. Float32 logits
-        ``[T, vocab]`` (rows past the step's logits rows: unused), written to ``out`` if given."""
+        """The target forward on the buffers: the code a CUDA graph captures. Logits
+        (``logits_dtype``) ``[T, vocab]`` (rows past the step's logits rows: unused), written to ``out`` if given."""
         d = buf.device
         buf.kv_lens.copy_(d["kv_lens"])  # int64 -> int32, on the device
         buf.block_table.copy_(d["block_table"])
@@ -291,5 +291,6 @@ class TargetGraphRunner:
             rows = max(self.config.buckets) * self.config.max_query
             if self.config.max_tokens is not None:
                 rows = min(rows, self.config.max_tokens)
-            self._logits = torch.empty((rows, self.model.config.vocab_size), dtype=torch.float32, device=self.device)
+            self._logits = torch.empty((rows, self.model.config.vocab_size), dtype=self.model.logits_dtype,
+                                       device=self.device)
         return self._logits

@@ -163,6 +163,8 @@ class LlamaModel(nn.Module):
         #: (default): oneDNN's inner product for float32 on the CPU where it runs, F.linear
         #: otherwise.
         self.cpu_linear: Optional[str] = None
+        #: The dtype of the logits forward returns (``logits_dtype``); None: the default rule.
+        self.logits_dtype_override: Optional[torch.dtype] = None
         self._linear_key: Optional[tuple] = None  # (device, dtype, cpu_linear) _linear was resolved for
         self._linear = cpu_linear.torch_linear
         self._fused_key: Optional[tuple] = None  # what fuse_projections last concatenated
@@ -193,6 +195,18 @@ class LlamaModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.lm_head.weight.device
+
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        """The dtype of the logits ``forward`` returns (``logits_dtype_override`` when set).
+        On the CPU float32: numpy reads float32 rows in place (the greedy argmax), and a float32
+        model computes them so anyway. Elsewhere the model's dtype, in which the LM head
+        computes them: a float32 copy would have the same values, written once more and read at
+        twice the bytes by every consumer (argmax, sampling, verification: their kernels take
+        float16 and bfloat16 rows and give the same results as for those values in float32)."""
+        if self.logits_dtype_override is not None:
+            return self.logits_dtype_override
+        return torch.float32 if self.device.type == "cpu" else self.dtype
 
     def linear_fn(self):
         """The torch forward's product function ``linear(x, layer)`` (``cpu_linear``, resolved
@@ -240,11 +254,12 @@ class LlamaModel(nn.Module):
                 backend: Optional[AttentionBackend] = None,
                 logits_out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """input_ids int64 ``[T]``; kv: one LayerKV per layer; logits_indices ``[N]`` (None: all
-        tokens) -> float32 logits ``[N, vocab]``. ``backend`` overrides the model's attention
-        backend for this call (the draft graph passes KernelAttention with its device-only
-        metadata, models/kernel_attention.py); ``meta`` is whatever that backend reads, plus
-        ``positions``. ``logits_out``: float32 ``[N, vocab]`` the logits are written to (and
-        returned), in place of a new tensor (the target graph's shared output buffer)."""
+        tokens) -> logits ``[N, vocab]`` in ``logits_dtype`` (float32 on the CPU, the model's
+        dtype on a GPU). ``backend`` overrides the model's attention backend for this call (the
+        draft graph passes KernelAttention with its device-only metadata,
+        models/kernel_attention.py); ``meta`` is whatever that backend reads, plus
+        ``positions``. ``logits_out``: ``[N, vocab]`` of ``logits_dtype`` the logits are written
+        to (and returned), in place of a new tensor (the target graph's shared output buffer)."""
         backend = self.backend if backend is None else backend
         c = self.config
         if self.rope is None or self.rope.inv_freq.device != self.device:
@@ -253,7 +268,7 @@ class LlamaModel(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.uses_fused():
             logits = self._forward_fused(x, cos, sin, meta, kv, logits_indices, backend)
-            return logits.float() if logits_out is None else logits_out.copy_(logits)
+            return logits.to(self.logits_dtype) if logits_out is None else logits_out.copy_(logits)
         linear = self.linear_fn()
         for layer, cache in zip(self.model.layers, kv):
             h = layer.self_attn(layer.input_layernorm(x), cos, sin, cache, meta, backend, self.window, linear)
@@ -262,7 +277,7 @@ class LlamaModel(nn.Module):
         if logits_indices is not None:
             x = x[logits_indices]
         logits = linear(self.model.norm(x), self.lm_head)
-        return logits.float() if logits_out is None else logits_out.copy_(logits)
+        return logits.to(self.logits_dtype) if logits_out is None else logits_out.copy_(logits)
 
     def _forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata,
                        kv: list[LayerKV], logits_indices: Optional[torch.Tensor],
