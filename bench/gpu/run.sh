@@ -9,12 +9,14 @@
 #                      the version pyproject pins. The Python package runs from a private copy
 #                      of python/specd with the built _core (nothing is installed).
 #   2 ctest  (~2-3 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
-#   3 pytest (~1.5 min) the Python GPU tests: ops on cuda vs cpu (layer ops included), draft graph replay vs eager
+#   3 pytest (~2-3 min) the Python GPU tests: ops on cuda vs cpu (layer ops included), draft graph replay vs eager
 #                      and without host sync, slot mapping / KV kernels on cuda, the statistical
 #                      losslessness tests on the GPU path (test_gpu_statistics.py), graphs captured up
 #                      front and the CLI on cuda (test_serving_setup.py), the engine's batched
 #                      sampled verification on cuda vs the CPU path (test_batch_verify.py), the
-#                      draft tree runner's graphs vs its eager code (test_draft_tree_graph.py)
+#                      draft tree runner's graphs vs its eager code (test_draft_tree_graph.py),
+#                      the draft forward compiled by inductor (test_compile.py), 16-bit logits
+#                      (test_logits_dtype.py)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
@@ -95,7 +97,7 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer}.py -k 'gpu or cuda'"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype}.py -k 'gpu or cuda'"
   echo "  timeline (opt-in): bench/gpu/step_timeline.py (engine steps under torch.profiler)"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
@@ -160,13 +162,14 @@ fi
 
 if [[ " $STAGES " == *" pytest "* ]]; then
   : > "$OUT_DIR/pytest.log"
-  stage pytest pytest 180 "$PYTHON" -m pytest -q -p no:cacheprovider -k "gpu or cuda" \
+  stage pytest pytest 240 "$PYTHON" -m pytest -q -p no:cacheprovider -k "gpu or cuda" \
     "$ROOT/tests/python/test_ops.py" "$ROOT/tests/python/test_draft_graph.py" \
     "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py" \
     "$ROOT/tests/python/test_gpu_statistics.py" "$ROOT/tests/python/test_target_graph.py" \
     "$ROOT/tests/python/test_layer_ops.py" "$ROOT/tests/python/test_serving_setup.py" \
     "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py" \
-    "$ROOT/tests/python/test_timer.py"
+    "$ROOT/tests/python/test_timer.py" "$ROOT/tests/python/test_compile.py" \
+    "$ROOT/tests/python/test_logits_dtype.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 
