@@ -21,7 +21,9 @@
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
 #                      what is left of the run's TOTAL_S, at most 180 s, rows printed as measured)
-#   5 tree   (opt-in: --stages "... tree") bench_draft_loop.py --quick --tree-width 4: draft-model
+#   5 tree   (opt-in: --stages "... tree") bench/kv_compact_step.py --device cuda (a step's
+#                      tree-path KV moves: per request with copy_slots vs one kv_compact per
+#                      model), then bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
 #   5b sampled (opt-in: --stages "... sampled") bench/verify_totals.py --device cuda (stochastic
@@ -189,6 +191,10 @@ if [[ " $STAGES " == *" bench "* ]]; then
 fi
 
 if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop vs the tree runner
+  mkdir -p "$OUT_DIR/tree"
+  stage kv_compact_step bench 60 "$PYTHON" "$ROOT/bench/kv_compact_step.py" --device cuda \
+    --json "$OUT_DIR/tree/kv_compact_step.json"
+  grep -A4 "^SYNTHETIC tree paths" "$OUT_DIR/bench.log" | tail -5 | tee -a "$SUMMARY"
   budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
   if [ "$budget" -ge 30 ]; then
     stage bench_draft_tree bench $(( budget + 45 )) "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --quick \

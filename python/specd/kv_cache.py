@@ -11,6 +11,9 @@ the slot numbering of the block manager.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 import torch
 
 from specd._core import BlockManager
@@ -51,6 +54,7 @@ class KVCachePool:
                                    models=[(m.name, m.bytes_per_token) for m in models])
         self.storage = torch.zeros(num_pages * self.page_bytes, dtype=torch.uint8, device=device)
         self._layers = [self._views(i, m) for i, m in enumerate(models)]
+        self._stacked: list = [None] * len(models)  # per model: (k, v) of all layers (stacked_kv), on first use
 
     @staticmethod
     def pages_for_memory(memory_bytes: int, target: KVModel, target_block_size: int = 16) -> int:
@@ -84,6 +88,52 @@ class KVCachePool:
         for layer in self._layers[model]:
             layer.k[dp, do] = layer.k[sp, so]
             layer.v[dp, do] = layer.v[sp, so]
+
+    def compact(self, model: int, seqs: Sequence[int], tree_start: Sequence[int],
+                paths: Sequence[np.ndarray]) -> None:
+        """Moves accepted tree paths next to their sequences' histories, in every layer of
+        model ``model``, with ONE ``kv_compact`` over all the sequences and layers
+        (cpp/include/specd/kv_compact.h): for sequence i, the K/V at position ``tree_start[i] +
+        paths[i][d]`` is copied to ``tree_start[i] + d``, for d = 1 .. len(paths[i]) - 1, in
+        increasing d. ``paths[i]`` starts with 0 and strictly increases (a root-to-node path in
+        node order). Call it before the sequences commit: positions resolve through their
+        block tables, whose reserved pages a commit may free."""
+        if not seqs:
+            return
+        from specd.ops import kv_compact, stacked_kv
+
+        if not len(seqs) == len(tree_start) == len(paths):
+            raise InvalidArgumentError(f"compact: {len(seqs)} sequences, {len(tree_start)} tree starts and "
+                                       f"{len(paths)} paths")
+        n = len(seqs)
+        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=n)
+        width = max(int(lengths.max()), 1)
+        table = self.blocks.block_table_padded(np.asarray(seqs, dtype=np.int64), model=model, pad=-1)
+        # One int32 buffer, one copy to the pool's device: [table | tree_start | num_accepted | paths].
+        words = table.size
+        packed = np.empty(words + 2 * n + n * width, dtype=np.int32)
+        packed[:words] = table.ravel()
+        packed[words:words + n] = tree_start
+        packed[words + n:words + 2 * n] = lengths - 1
+        rows = packed[words + 2 * n:].reshape(n, width)
+        rows[:] = -1  # padding (kv_compact reads entries 0..num_accepted only)
+        for i, p in enumerate(paths):
+            rows[i, :len(p)] = p
+        steps = np.diff(rows, axis=1) <= 0  # [n, width - 1]: a pair not increasing...
+        inside = np.arange(width - 1) < (lengths - 1)[:, None]  # ...within the path
+        bad = (lengths == 0) | (rows[:, 0] != 0) | np.any(steps & inside, axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InvalidArgumentError(f"compact: sequence {seqs[i]}'s path {list(paths[i])} does not start at 0 "
+                                       "and strictly increase")
+        device = self.storage.device
+        flat = torch.from_numpy(packed)
+        flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat
+        if self._stacked[model] is None:
+            self._stacked[model] = stacked_kv(self._layers[model])
+        k, v = self._stacked[model]
+        kv_compact(k, v, flat[:words].view(n, -1), flat[words:words + n], flat[words + 2 * n:].view(n, width),
+                   flat[words + n:words + 2 * n])
 
     def apply_copies(self, copies) -> None:
         """Performs a Reservation's copy-on-write page copies (rows of model, src, dst, n)."""

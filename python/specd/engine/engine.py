@@ -14,7 +14,7 @@ import torch
 
 from specd import _core
 from specd.engine import model_runner
-from specd.engine.batch_verify import VerifyInputs, verify_inputs
+from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
@@ -25,7 +25,7 @@ from specd.errors import InvalidArgumentError
 from specd.models.kernel_choice import kernels_of
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
-from specd.verification import TokenTree
+from specd.verification import TokenTree, VerifyOutput
 
 
 @dataclass
@@ -160,6 +160,11 @@ class Engine:
                                from_logits=self.verify_from_logits)
         if drafts is not None:  # (already read with the verification results)
             self._place_drafts(drafts, trees)
+        # Every request's accepted path first, then the KV moves they need, one kv_compact per
+        # model for the whole step, before the commits (which free the reserved pages).
+        results = {it.request.id: inputs[it.request.id].verify(trees[it.request.id])
+                   for it in deciding if inputs[it.request.id].error is None}
+        fed = self._compact_paths(deciding, trees, results)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
@@ -170,7 +175,7 @@ class Engine:
                 self._release(it.request, finished=False)
                 it.request.fail(failed)
                 finished.append(it.request)
-            elif self._accept(it, trees[it.request.id], inputs[it.request.id]):
+            elif self._accept(it, trees[it.request.id], results[it.request.id], fed.get(it.request.id)):
                 finished.append(it.request)
         shape = StepShape(len(items), sum(1 for it in deciding if it.k > 0),
                           sum(trees[it.request.id].num_drafts for it in deciding),
@@ -302,34 +307,56 @@ class Engine:
         self.pool.blocks.commit(req.id, it.num_prefix, model=TARGET)
         req.computed[TARGET] += it.num_prefix
 
-    def _accept(self, it: WorkItem, tree: TokenTree, inputs: VerifyInputs) -> bool:
-        """Verifies one request's tree, commits its KV, emits its tokens. True if it finished."""
+    def _compact_paths(self, deciding: list[WorkItem], trees: dict[int, TokenTree],
+                       results: dict[int, VerifyOutput]) -> dict[int, np.ndarray]:
+        """Moves the step's accepted tree paths into place, in every layer, with one
+        ``KVCachePool.compact`` per model (kv_compact over all requests and layers):
+        - target: a tree's accepted nodes, written at its root's position + node index, go to
+          the positions right after the root (a chain's already are);
+        - draft (draft-model trees): the accepted path's fed nodes, written after the catch-up
+          in feeding order, go to the positions right after the catch-up.
+        Returns each draft tree's fed path (DraftTree.fed_path: what its commit keeps)."""
+        target: tuple[list, list, list] = ([], [], [])  # sequences, tree starts, paths
+        draft: tuple[list, list, list] = ([], [], [])
+        fed_paths = {}
+        for it in deciding:
+            req = it.request
+            out = results.get(req.id)
+            if out is None:
+                continue
+            accepted = out.num_accepted
+            path = out.path[:accepted + 1]
+            if accepted and not trees[req.id].is_chain and not np.array_equal(path, np.arange(accepted + 1)):
+                for column, value in zip(target, (req.id, req.computed[TARGET] + it.num_prefix, path)):
+                    column.append(value)
+            drafted = self._draft_trees.get(req.id) if it.draft_slots is not None else None
+            if drafted is not None:
+                fed = fed_paths[req.id] = drafted.fed_path(out.path)
+                if not np.array_equal(fed, np.arange(len(fed))):
+                    # fed node f at catch-up end + f: as a path from a root one position before
+                    start = req.computed[DRAFT] + it.draft_catch_up - 1
+                    for column, value in zip(draft, (req.id, start, np.concatenate([[0], fed + 1]))):
+                        column.append(value)
+        self.pool.compact(TARGET, *target)
+        self.pool.compact(DRAFT, *draft)
+        return fed_paths
+
+    def _accept(self, it: WorkItem, tree: TokenTree, out: VerifyOutput, fed: Optional[np.ndarray] = None) -> bool:
+        """Commits one request's verified step (its path's KV already moved into place by
+        _compact_paths; ``fed``: its draft tree's fed path), emits its tokens. True if it
+        finished."""
         req = it.request
-        out = inputs.verify(tree)
         accepted = out.num_accepted
-        # Target KV: move the accepted path's K/V next to the prefix (trees), then commit the
-        # prefix, the root and the accepted drafts; rejected slots are dropped by the commit.
+        # Target KV: commit the prefix, the root and the accepted drafts; rejected slots are
+        # dropped by the commit.
         base = it.num_prefix
-        path = out.path[1:]
-        if accepted and not tree.is_chain and not np.array_equal(path, np.arange(1, accepted + 1)):
-            self.pool.copy_slots(TARGET, torch.from_numpy(it.target_slots[base + path]),
-                                 torch.from_numpy(it.target_slots[base + 1:base + 1 + accepted]))
         self.pool.blocks.commit(req.id, base + 1 + accepted, model=TARGET)
         req.computed[TARGET] += base + 1 + accepted
         if it.draft_slots is not None:  # the draft wrote KV for its catch-up and its fed drafts
             # The catch-up's KV and the accepted drafts' the draft wrote (a chain: drafts
             # 1..k-1, in place; a tree: the accepted path's fed nodes, moved next to the
             # catch-up) become its history; the rest is dropped by the commit.
-            drafted = self._draft_trees.get(req.id)
-            if drafted is None:
-                kept = min(accepted, it.k - 1)
-            else:
-                fed = drafted.fed_path(out.path)
-                kept = len(fed)
-                src = it.draft_slots[it.draft_catch_up + fed]
-                dst = it.draft_slots[it.draft_catch_up:it.draft_catch_up + kept]
-                if not np.array_equal(src, dst):
-                    self.pool.copy_slots(DRAFT, torch.from_numpy(src), torch.from_numpy(dst))
+            kept = min(accepted, it.k - 1) if fed is None else len(fed)
             keep = it.draft_catch_up + kept
             self.pool.blocks.commit(req.id, keep, model=DRAFT)
             req.computed[DRAFT] += keep
