@@ -142,6 +142,16 @@ def test_compiled_runner_forward_equals_eager_exactly(pair_dirs, forward, fused)
     assert_same(want_state, got_state, exact=True)
 
 
+def test_compiling_a_fused_forward_before_an_eager_one_says_why(pair_dirs):
+    """The fused forward concatenates the projections on its first eager run (not traceable):
+    compiled before that, the trace stops at a specific message."""
+    llm = runners_after_a_step(pair_dirs, "cpu", fused=False, cpu_linear="torch")
+    fn, _ = draft_forwards(llm)
+    llm.draft.fused = True  # no fused forward has run
+    with pytest.raises(Exception, match="run one fused forward eagerly first"):
+        torch.compile(fn, fullgraph=True, backend="aot_eager")()
+
+
 @pytest.mark.parametrize("forward", [draft_forwards, target_forward])
 def test_inductor_runner_forward_equals_eager(pair_dirs, forward):
     """inductor (its own kernels for the torch code between the ops), from the default CPU

@@ -286,7 +286,11 @@ class LlamaModel(nn.Module):
         LM head's output in the model's dtype. x is the residual stream, updated in place."""
         # (Not while torch.compile traces: it cannot compare data pointers. As before a graph
         # capture, a fused forward must have run eagerly first; fuse_projections' doc.)
-        if not torch.compiler.is_compiling() and self._fused_key != self._projection_key():
+        if torch.compiler.is_compiling():
+            if self._fused_key is None:
+                raise InvalidArgumentError("torch.compile of a fused forward: run one fused forward eagerly "
+                                           "first (it concatenates the q/k/v and gate/up weights)")
+        elif self._fused_key != self._projection_key():
             self.fuse_projections()
         ops = torch.ops.specd
         layers = self.model.layers
