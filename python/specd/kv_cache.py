@@ -100,7 +100,7 @@ class KVCachePool:
         block tables, whose reserved pages a commit may free."""
         if not seqs:
             return
-        from specd.ops import kv_compact, stacked_kv
+        from specd.ops import host_call, kv_compact, stacked_kv
 
         if not len(seqs) == len(tree_start) == len(paths):
             raise InvalidArgumentError(f"compact: {len(seqs)} sequences, {len(tree_start)} tree starts and "
@@ -132,8 +132,8 @@ class KVCachePool:
         if self._stacked[model] is None:
             self._stacked[model] = stacked_kv(self._layers[model])
         k, v = self._stacked[model]
-        kv_compact(k, v, flat[:words].view(n, -1), flat[words:words + n], flat[words + 2 * n:].view(n, width),
-                   flat[words + n:words + 2 * n])
+        host_call(kv_compact)(k, v, flat[:words].view(n, -1), flat[words:words + n],
+                              flat[words + 2 * n:].view(n, width), flat[words + n:words + 2 * n])
 
     def apply_copies(self, copies) -> None:
         """Performs a Reservation's copy-on-write page copies (rows of model, src, dst, n)."""

@@ -59,6 +59,22 @@ def test_compiled_op_equals_eager_op(index):
             assert torch.equal(c, e)
 
 
+def test_host_call_skips_the_dispatcher_but_not_under_compile():
+    """ops.host_call(op): the op's registered implementation in eager code (the same results,
+    without torch's dispatcher), the op itself while torch.compile traces (the implementation
+    reads data pointers, which dynamo cannot trace), and any other callable unchanged."""
+    op, args = opcheck_samples()[7]  # sampling_probs
+    if ops.HAS_CUDA_KERNELS:
+        assert ops.host_call(op) is not op
+    for want, got in zip(op(*args), ops.host_call(op)(*args)):
+        assert torch.equal(got, want)
+    compiled = torch.compile(lambda *a: ops.host_call(op)(*a), fullgraph=True, backend="aot_eager")
+    for want, got in zip(op(*args), compiled(*args)):
+        assert torch.equal(got, want)
+    stand_in = lambda *a: None  # noqa: E731
+    assert ops.host_call(stand_in) is stand_in
+
+
 # ---- the graph runners' forwards ----
 
 

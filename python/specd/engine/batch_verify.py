@@ -57,8 +57,8 @@ from specd import _core
 from specd.engine.scheduler import WorkItem
 from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
-from specd.ops import (pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs, verify_stochastic,
-                       verify_stochastic_logits)
+from specd.ops import (host_call, pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs,
+                       verify_stochastic, verify_stochastic_logits)
 from specd.verification import TokenTree, VerifyOutput
 
 @dataclass
@@ -230,7 +230,7 @@ def _queue_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Te
     index = [a for _, (a, _) in group]
     rows = (logits[index[0]:index[0] + 1] if len(index) == 1
             else logits.index_select(0, _to_device(torch.tensor(index, dtype=torch.int64), logits.device)))
-    tokens, status = sample_tokens(rows, params, keys, cluster, gumbel)
+    tokens, status = host_call(sample_tokens)(rows, params, keys, cluster, gumbel)
 
     def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
         results = []
@@ -305,17 +305,17 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
     if use_logits:
         params, keys = _sampling_words(reqs, np.ones(n, dtype=np.int64), device)
         target = logits if target_index is not None else _target_rows(logits, spans)
-        out_tokens, path, accepted, status = verify_stochastic_logits(
+        out_tokens, path, accepted, status = host_call(verify_stochastic_logits)(
             node_offsets, parents, tokens, target, params, draft, keys, cluster=cluster, draft_index=index,
             draft_totals=draft_totals, target_index=target_index)
         row_status = status[:0]
     else:
         params, keys = _sampling_words(reqs, sizes, device)
         target_totals = torch.empty(nodes, dtype=torch.float64, device=device)
-        probs, row_status = sampling_probs(_target_rows(logits, spans), params, cluster, target_totals)
-        out_tokens, path, accepted, status = verify_stochastic(node_offsets, parents, tokens, probs, draft, keys,
-                                                               cluster=cluster, draft_index=index,
-                                                               target_totals=target_totals, draft_totals=draft_totals)
+        probs, row_status = host_call(sampling_probs)(_target_rows(logits, spans), params, cluster, target_totals)
+        out_tokens, path, accepted, status = host_call(verify_stochastic)(
+            node_offsets, parents, tokens, probs, draft, keys, cluster=cluster, draft_index=index,
+            target_totals=target_totals, draft_totals=draft_totals)
 
     def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
         out_tokens, path, accepted, status, row_status = np.split(host, np.cumsum([nodes, nodes, n, n]))

@@ -28,7 +28,7 @@ them on an H100 (docs/benchmarks.md; the layer ops and the attention-width rule 
 second GPU session of 2026-11-22).
 """
 
-from specd.ops._checks import HAS_CUDA_KERNELS
+from specd.ops._checks import HAS_CUDA_KERNELS, host_call
 from specd.ops.attention_ops import tree_attention
 from specd.ops.draft_ops import draft_step_inputs, draft_step_inputs_inplace
 from specd.ops.kv_ops import kv_compact, kv_write, slot_mapping, stacked_kv
@@ -37,7 +37,7 @@ from specd.ops.spec_ops import (pack_rng_keys, pack_sampling_params, sample_toke
                                 sample_tokens_and_probs_out, sampling_probs, verify_greedy, verify_greedy_tokens,
                                 verify_stochastic, verify_stochastic_logits)
 
-__all__ = ["HAS_CUDA_KERNELS", "kv_write", "kv_compact", "slot_mapping", "stacked_kv", "draft_step_inputs",
+__all__ = ["HAS_CUDA_KERNELS", "host_call", "kv_write", "kv_compact", "slot_mapping", "stacked_kv", "draft_step_inputs",
            "draft_step_inputs_inplace", "tree_attention", "sample_tokens", "sampling_probs", "sample_tokens_and_probs",
            "sample_tokens_and_probs_out", "verify_greedy",
            "verify_greedy_tokens", "verify_stochastic", "verify_stochastic_logits", "pack_sampling_params", "pack_rng_keys", "rms_norm",
