@@ -21,6 +21,7 @@ import torch
 
 from specd.engine.request import Request
 from specd.engine.draft_sampling import pack_draft_rows, sample_draft_rows
+from specd.engine.graph_inputs import upload_int64
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
 from specd.engine.timer import causal_keys
 from specd.engine.torch_sampling import row_argmax
@@ -119,39 +120,46 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
     if kernel and model.window is not None:
         raise InvalidArgumentError("kernel attention has no sliding window")
     slots = np.concatenate([s.slots for s in segments])
-    positions = torch.cat([s.positions for s in segments]).to(device)
-    slot_mapping = torch.from_numpy(slots).to(device)
-    # The backend is passed only when it is not the model's own: models that replay recorded
-    # forwards (bench load --simulated) take no such argument.
-    extra = {}
     if kernel:
         # KernelAttention's metadata: device tensors, int32 block tables padded with -1, CSR
-        # query offsets, KV extents.
+        # query offsets, KV extents; with the input ids (when they are on the host) and the
+        # logits rows, all uploaded in one copy (int64; the int32 fields converted on the device).
         tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index, pad=-1)
-        meta = DeviceAttentionMetadata(
-            positions=positions, slot_mapping=slot_mapping, block_tables=torch.from_numpy(tables).to(device),
-            query_start=torch.tensor(query_start, dtype=torch.int32, device=device),
-            kv_lens=torch.tensor([s.kv_len for s in segments], dtype=torch.int32, device=device))
         mask = tree_mask_rows(segments)
+        fed = any(tree_len(s) != len(s.input_ids) for s in segments)  # a tree fed a frontier at a time
+        host_ids = all(s.input_ids.device.type == "cpu" for s in segments)
+        arrays = [np.concatenate([s.positions.numpy() for s in segments]), slots, np.asarray(logits_rows),
+                  tables, np.asarray(query_start), np.fromiter((s.kv_len for s in segments), np.int64)]
+        arrays += [mask] if mask is not None else []
+        arrays += [np.fromiter((tree_len(s) for s in segments), np.int64)] if fed else []
+        arrays += [np.concatenate([s.input_ids.numpy() for s in segments])] if host_ids else []
+        uploaded = upload_int64(device, arrays)
+        positions, slot_mapping, indices, tables_d, starts, kv_lens = uploaded[:6]
+        rest = uploaded[6:]
+        meta = DeviceAttentionMetadata(positions=positions, slot_mapping=slot_mapping,
+                                       block_tables=tables_d.to(torch.int32), query_start=starts.to(torch.int32),
+                                       kv_lens=kv_lens.to(torch.int32))
         if mask is not None:
-            meta.tree_mask = torch.from_numpy(mask).to(device)
-        if any(tree_len(s) != len(s.input_ids) for s in segments):  # a tree fed a frontier at a time
-            meta.tree_lens = torch.tensor([tree_len(s) for s in segments], dtype=torch.int32, device=device)
-        extra["backend"] = kernel_attention_for(model)
-    else:
-        tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
-        meta = AttentionMetadata(
-            query_start=query_start,
-            kv_lens=[s.kv_len for s in segments],
-            block_tables=torch.from_numpy(tables).to(device=device, dtype=torch.int64),
-            slot_mapping=slot_mapping,
-            positions=positions,
-            masks=[s.mask for s in segments],
-            key_positions=[s.key_positions for s in segments] if model.window else None,
-            has_skipped_slots=bool((slots < 0).any()))
+            meta.tree_mask = rest.pop(0)
+        if fed:
+            meta.tree_lens = rest.pop(0).to(torch.int32)
+        input_ids = rest.pop(0) if host_ids else torch.cat([s.input_ids for s in segments]).to(device)
+        return model(input_ids, meta, pool.layers(model_index), indices, backend=kernel_attention_for(model))
+    # The torch attention path (the model's own backend: models that replay recorded forwards,
+    # bench load --simulated, take no backend argument).
+    tables = pool.blocks.block_table_padded([s.seq for s in segments], model=model_index)
+    meta = AttentionMetadata(
+        query_start=query_start,
+        kv_lens=[s.kv_len for s in segments],
+        block_tables=torch.from_numpy(tables).to(device=device, dtype=torch.int64),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        positions=torch.cat([s.positions for s in segments]).to(device),
+        masks=[s.mask for s in segments],
+        key_positions=[s.key_positions for s in segments] if model.window else None,
+        has_skipped_slots=bool((slots < 0).any()))
     input_ids = torch.cat([s.input_ids for s in segments]).to(device)
     indices = torch.tensor(logits_rows, dtype=torch.int64, device=device)
-    return model(input_ids, meta, pool.layers(model_index), indices, **extra)
+    return model(input_ids, meta, pool.layers(model_index), indices)
 
 
 def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) -> Segment:
