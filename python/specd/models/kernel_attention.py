@@ -21,6 +21,7 @@ import torch
 from specd.errors import InvalidArgumentError
 from specd.models.attention import LayerKV
 from specd.models.kernel_choice import grouped_for, kernels_of
+from specd.ops._checks import host_call
 
 
 @dataclass
@@ -62,13 +63,13 @@ class KernelAttention:
         """q ``[T, H, D]``, k/v ``[T, Hkv, D]`` of the new tokens -> output ``[T, H, D]``."""
         if sliding_window is not None:
             raise InvalidArgumentError("KernelAttention has no sliding window; use TorchPagedAttention")
-        torch.ops.specd.kv_write(cache.k, cache.v, k.to(cache.k.dtype), v.to(cache.v.dtype), meta.slot_mapping)
+        host_call(torch.ops.specd.kv_write)(cache.k, cache.v, k.to(cache.k.dtype), v.to(cache.v.dtype),
+                                            meta.slot_mapping)
         return self.attend(q, cache, meta)
 
     def attend(self, q: torch.Tensor, cache: LayerKV, meta: DeviceAttentionMetadata) -> torch.Tensor:
         """The attention of q ``[T, H, D]`` over caches that already hold the new tokens' K/V
         (written by ``forward`` or by the fused ``rope_kv_write``) -> ``[T, H, D]``."""
-        return torch.ops.specd.tree_attention(q, cache.k, cache.v, meta.block_tables, meta.query_start,
-                                              meta.kv_lens, meta.tree_mask, self.scale,
-                                              grouped_for(self.grouped, q.shape[0], meta.query_start.shape[0] - 1),
-                                              meta.tree_lens)
+        return host_call(torch.ops.specd.tree_attention)(
+            q, cache.k, cache.v, meta.block_tables, meta.query_start, meta.kv_lens, meta.tree_mask, self.scale,
+            grouped_for(self.grouped, q.shape[0], meta.query_start.shape[0] - 1), meta.tree_lens)

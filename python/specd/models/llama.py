@@ -30,6 +30,7 @@ from specd.models.config import ModelConfig
 from specd.models.kernel_attention import KernelAttention
 from specd.models.kernel_choice import KernelChoice
 from specd.models.rope import RotaryEmbedding, apply_rope
+from specd.ops._checks import host_call
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -74,8 +75,8 @@ class Attention(nn.Module):
         t = x.shape[0]
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 Hkv) D]
         if isinstance(backend, KernelAttention) and window is None and cache.k.dtype == x.dtype:
-            q = torch.ops.specd.rope_kv_write(qkv, cos[:, 0], sin[:, 0], cache.k, cache.v, meta.slot_mapping,
-                                              self.heads)
+            q = host_call(torch.ops.specd.rope_kv_write)(qkv, cos[:, 0], sin[:, 0], cache.k, cache.v,
+                                                         meta.slot_mapping, self.heads)
             out = backend.attend(q, cache, meta)
         else:
             q, k, v = qkv.split([self.heads * self.head_dim, self.kv_heads * self.head_dim,
@@ -101,7 +102,7 @@ class MLP(nn.Module):
         return linear(F.silu(linear(x, self.gate_proj)) * linear(x, self.up_proj), self.down_proj)
 
     def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(torch.ops.specd.silu_mul(F.linear(x, self.gate_up_weight)))
+        return self.down_proj(host_call(torch.ops.specd.silu_mul)(F.linear(x, self.gate_up_weight)))
 
     def fuse(self) -> None:
         self.gate_up_weight, _ = _concat_views([self.gate_proj, self.up_proj])
@@ -292,20 +293,20 @@ class LlamaModel(nn.Module):
                                            "first (it concatenates the q/k/v and gate/up weights)")
         elif self._fused_key != self._projection_key():
             self.fuse_projections()
-        ops = torch.ops.specd
+        rms_norm, add_rms_norm = host_call(torch.ops.specd.rms_norm), host_call(torch.ops.specd.add_rms_norm)
         layers = self.model.layers
-        h = ops.rms_norm(x, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps) if len(layers) else x
+        h = rms_norm(x, layers[0].input_layernorm.weight, layers[0].input_layernorm.eps) if len(layers) else x
         out = None
         for i, (layer, cache) in enumerate(zip(layers, kv)):
             if i > 0:
                 norm = layer.input_layernorm
-                h = ops.add_rms_norm(out, x, norm.weight, norm.eps)
+                h = add_rms_norm(out, x, norm.weight, norm.eps)
             attn = layer.self_attn.forward_fused(h, cos, sin, cache, meta, backend, self.window)
             norm = layer.post_attention_layernorm
-            h = ops.add_rms_norm(attn, x, norm.weight, norm.eps)
+            h = add_rms_norm(attn, x, norm.weight, norm.eps)
             out = layer.mlp.forward_fused(h)
         if out is None:  # no layers
             out = torch.zeros_like(x)
         if logits_indices is not None:
             out, x = out[logits_indices], x[logits_indices]
-        return self.lm_head(ops.add_rms_norm(out, x, self.model.norm.weight, self.model.norm.eps))
+        return self.lm_head(add_rms_norm(out, x, self.model.norm.weight, self.model.norm.eps))

@@ -138,6 +138,7 @@ def register_kernels(op, impl: Callable) -> None:
     if HAS_CUDA_KERNELS:
         op.register_kernel("cuda")(impl)
         op.specd_impl = impl
+        getattr(torch.ops.specd, op._name).specd_impl = impl  # what torch code calls: torch.ops.specd.<name>
 
 
 def host_call(op: Callable) -> Callable:
@@ -146,9 +147,10 @@ def host_call(op: Callable) -> Callable:
     (measured on the CPU, per op of tests/python/test_ops.py's samples). Eager inference needs
     nothing the dispatcher adds (autograd, tracing, fake tensors).
 
-    Returns ``op`` itself in three cases: under torch.compile; in builds without the CUDA
-    kernels (where the op's own error names a CUDA tensor); and for anything that is not a
-    specd op (a test's stand-in)."""
+    ``op``: a specd op (``specd.ops.<name>`` or ``torch.ops.specd.<name>``). Returns ``op``
+    itself in three cases: under torch.compile; in builds without the CUDA kernels (where the
+    op's own error names a CUDA tensor); and for anything that is not a specd op (a test's
+    stand-in)."""
     impl = getattr(op, "specd_impl", None)
     if impl is None or torch.compiler.is_compiling():
         return op
