@@ -53,6 +53,7 @@ from specd.kv_cache import KVCachePool
 from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.kernel_choice import kernels_of
 from specd.models.llama import LlamaModel
+from specd.ops import host_call
 
 # Columns of the per-row int64 inputs: the packed specd::SamplingParams (temperature, top_k,
 # top_p, min_p; floats as float64 bits) and words 0-1 of the packed specd::RngKey (seed;
@@ -402,9 +403,9 @@ class DraftGraphRunner:
     def _forward(self, buf: _Buffers, j: int, sampling: bool) -> None:
         """Forward j >= 1: feeds forward j - 1's samples (``buf.tokens[j - 1]``), samples into
         ``buf.tokens[j]``. Reads only the bucket's buffers, so one graph serves every k and W."""
-        torch.ops.specd.draft_step_inputs_inplace(buf.table, buf.positions, buf.tokens[j - 1], buf.input_ids,
-                                                  buf.slot_mapping, buf.kv_lens, self.block_size,
-                                                  self.num_pages, j, buf.num_steps)
+        host_call(torch.ops.specd.draft_step_inputs_inplace)(
+            buf.table, buf.positions, buf.tokens[j - 1], buf.input_ids, buf.slot_mapping, buf.kv_lens,
+            self.block_size, self.num_pages, j, buf.num_steps)
         meta = DeviceAttentionMetadata(buf.positions, buf.slot_mapping, buf.table, buf.query_start, buf.kv_lens)
         logits = self.model(buf.input_ids, meta, self.kv, None, backend=self.backend)  # [B, vocab]
         # Key (seed, request, DRAFT_STREAM, req.length + j), as run_draft's forward j.

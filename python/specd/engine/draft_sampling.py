@@ -21,6 +21,7 @@ import torch
 
 from specd.engine.params import SamplingParams
 from specd.engine.torch_sampling import DRAFT_STREAM
+from specd.ops import host_call
 
 _WORD = 0xFFFFFFFF
 
@@ -72,9 +73,10 @@ def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Te
     ``cluster``: the sampling ops' thread-block cluster per row (KernelChoice.cluster_rows);
     ``gumbel``: tokens drawn from the rows by the Gumbel-max rule (KernelChoice.draw)."""
     if out is None:
-        tokens, probs, status = torch.ops.specd.sample_tokens_and_probs(logits, params, keys, cluster, gumbel)
+        tokens, probs, status = host_call(torch.ops.specd.sample_tokens_and_probs)(logits, params, keys, cluster,
+                                                                                   gumbel)
     else:
-        tokens, status = torch.ops.specd.sample_tokens_and_probs_out(logits, params, keys, out, cluster, gumbel,
-                                                                     totals)
+        tokens, status = host_call(torch.ops.specd.sample_tokens_and_probs_out)(logits, params, keys, out, cluster,
+                                                                                gumbel, totals)
         probs = out
     return torch.where(status == 0, tokens, 0).to(torch.int64), probs

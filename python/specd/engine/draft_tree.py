@@ -53,7 +53,7 @@ from specd.engine.model_runner import Segment, catch_up_segment, forward, segmen
 from specd.engine.scheduler import DRAFT, WorkItem
 from specd.kv_cache import KVCachePool
 from specd.models.kernel_choice import kernels_of
-from specd.ops import sampling_probs
+from specd.ops import host_call, sampling_probs
 from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
@@ -72,7 +72,7 @@ def tree_children(logits: torch.Tensor, params: torch.Tensor, width: int,
     best first: int64 and float32 ``[rows, min(width, vocab)]``, on the device (no host read;
     probability 0 marks no candidate). ``cluster``: that call's thread-block cluster per row.
     The host loop and the draft tree graph runner both rank candidates with it."""
-    probs, _ = sampling_probs(logits, params, cluster)  # (16-bit rows: the same results as in float32)
+    probs, _ = host_call(sampling_probs)(logits, params, cluster)  # (16-bit rows: as in float32)
     top = torch.topk(probs, min(width, logits.shape[-1]), dim=-1)
     return top.indices, top.values
 
