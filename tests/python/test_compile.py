@@ -25,6 +25,7 @@ import torch
 
 import specd
 import specd.ops as ops
+from specd.errors import InvalidArgumentError
 from specd.engine.params import SamplingParams
 from test_engine import self_draft
 from test_ops import opcheck_samples
@@ -73,6 +74,10 @@ def test_host_call_skips_the_dispatcher_but_not_under_compile():
         assert torch.equal(got, want)
     stand_in = lambda *a: None  # noqa: E731
     assert ops.host_call(stand_in) is stand_in
+    # A device without a kernel: the same specific error as through the dispatcher.
+    x, w = torch.zeros(2, 4, device="meta"), torch.ones(4, device="meta")
+    with pytest.raises(InvalidArgumentError, match="rms_norm: supports cpu and cuda tensors, not meta"):
+        ops.host_call(ops.rms_norm)(x, w, 1e-6)
 
 
 # ---- the graph runners' forwards ----

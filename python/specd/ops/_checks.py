@@ -28,7 +28,10 @@ def fail(op: str, message: str) -> NoReturn:
 
 def no_kernel_for_device(op: str, *tensors: Optional[torch.Tensor]) -> NoReturn:
     """The default implementation of every op: reached only for devices without a kernel."""
-    device = next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
+    no_kernel_on(op, next((t.device for t in tensors if isinstance(t, torch.Tensor)), None))
+
+
+def no_kernel_on(op: str, device: Optional[torch.device]) -> NoReturn:
     if device is not None and device.type == "cuda":
         fail(op, "this specd build has no CUDA kernels (built without nvcc); pass CPU tensors or "
                  "rebuild with SPECD_CUDA=ON")
@@ -127,6 +130,8 @@ def launch(device: torch.device, cpu: Callable, cuda_name: str, *args, **cuda_op
     if device.type == "cpu":
         cpu(*args)
         return
+    if device.type != "cuda" or not HAS_CUDA_KERNELS:  # (host_call reaches here without the dispatcher)
+        no_kernel_on(cuda_name.removesuffix("_cuda"), device)
     getattr(_core, cuda_name)(*args, torch.cuda.current_stream(device).cuda_stream, **cuda_options)
 
 
