@@ -20,6 +20,7 @@ from specd._core import BlockManager
 from specd.errors import InvalidArgumentError
 from specd.models.attention import LayerKV
 from specd.models.config import ModelConfig
+from specd.uploads import upload_packed
 
 _DTYPE_BYTES = {torch.float32: 4, torch.bfloat16: 2, torch.float16: 2}
 
@@ -108,15 +109,7 @@ class KVCachePool:
         n = len(seqs)
         lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=n)
         width = max(int(lengths.max()), 1)
-        table = self.blocks.block_table_padded(np.asarray(seqs, dtype=np.int64), model=model, pad=-1)
-        # One int32 buffer, one copy to the pool's device: [table | tree_start | num_accepted | paths].
-        words = table.size
-        packed = np.empty(words + 2 * n + n * width, dtype=np.int32)
-        packed[:words] = table.ravel()
-        packed[words:words + n] = tree_start
-        packed[words + n:words + 2 * n] = lengths - 1
-        rows = packed[words + 2 * n:].reshape(n, width)
-        rows[:] = -1  # padding (kv_compact reads entries 0..num_accepted only)
+        rows = np.full((n, width), -1, dtype=np.int32)  # padding (kv_compact reads entries 0..num_accepted only)
         for i, p in enumerate(paths):
             rows[i, :len(p)] = p
         steps = np.diff(rows, axis=1) <= 0  # [n, width - 1]: a pair not increasing...
@@ -126,14 +119,13 @@ class KVCachePool:
             i = int(np.flatnonzero(bad)[0])
             raise InvalidArgumentError(f"compact: sequence {seqs[i]}'s path {list(paths[i])} does not start at 0 "
                                        "and strictly increase")
-        device = self.storage.device
-        flat = torch.from_numpy(packed)
-        flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat
+        table = self.blocks.block_table_padded(np.asarray(seqs, dtype=np.int64), model=model, pad=-1)
+        table, start, accepted, path = upload_packed(self.storage.device, [table, np.asarray(tree_start),
+                                                                           lengths - 1, rows], torch.int32)
         if self._stacked[model] is None:
             self._stacked[model] = stacked_kv(self._layers[model])
         k, v = self._stacked[model]
-        host_call(kv_compact)(k, v, flat[:words].view(n, -1), flat[words:words + n],
-                              flat[words + 2 * n:].view(n, width), flat[words + n:words + 2 * n])
+        host_call(kv_compact)(k, v, table, start, path, accepted)
 
     def apply_copies(self, copies) -> None:
         """Performs a Reservation's copy-on-write page copies (rows of model, src, dst, n)."""

@@ -59,6 +59,7 @@ from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.ops import (host_call, pack_rng_keys, pack_sampling_params, sample_tokens, sampling_probs,
                        verify_stochastic, verify_stochastic_logits)
+from specd.uploads import to_device
 from specd.verification import TokenTree, VerifyOutput
 
 @dataclass
@@ -186,14 +187,6 @@ def _greedy_rows_in_place(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]
     return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on ``device``; to a GPU from pinned memory without blocking, so the host
-    does not wait for the forward still running there (the results' copy back is the sync)."""
-    if device.type != "cuda":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
 def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The requests' packed SamplingParams (each request's repeated over its ``sizes`` rows;
     sizes of 1: one per request) and RngKeys (key (seed, request, step 0, position = the
@@ -207,7 +200,7 @@ def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tupl
     keys = pack_rng_keys(torch.from_numpy(np.array([r.rng_seed for r in reqs], dtype=np.uint64).view(np.int64)),
                          torch.tensor([r.rng_request for r in reqs], dtype=torch.int64), torch.tensor(0),
                          torch.tensor([r.length for r in reqs], dtype=torch.int64))
-    words = _to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
+    words = to_device(torch.cat([params.reshape(-1), keys.reshape(-1)]), device)
     return words[:params.numel()].view(-1, 4), words[params.numel():].view(len(reqs), 3)
 
 
@@ -229,7 +222,7 @@ def _queue_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Te
     params, keys = _sampling_words(reqs, np.ones(len(reqs), dtype=np.int64), logits.device)
     index = [a for _, (a, _) in group]
     rows = (logits[index[0]:index[0] + 1] if len(index) == 1
-            else logits.index_select(0, _to_device(torch.tensor(index, dtype=torch.int64), logits.device)))
+            else logits.index_select(0, to_device(torch.tensor(index, dtype=torch.int64), logits.device)))
     tokens, status = host_call(sample_tokens)(rows, params, keys, cluster, gumbel)
 
     def finish(host: np.ndarray) -> list[Union[VerifyOutput, str]]:
@@ -289,7 +282,7 @@ def _queue_sampled(group: list[tuple[WorkItem, tuple[int, int]]], trees: dict[in
     # From the logits, rows of spans apart are found through a row index (nothing gathered).
     row_index = (np.concatenate([np.arange(a, b) for a, b in spans]) if use_logits and not _contiguous(spans)
                  else np.zeros(0, dtype=np.int32))
-    csr = _to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
+    csr = to_device(torch.from_numpy(np.concatenate([offsets] + [t.parents for t in tree_list]
                                                      + [t.tokens for t in tree_list]
                                                      + [draft_index, row_index, dest, src]).astype(np.int32)), device)
     node_offsets, parents, tokens = csr[:n + 1], csr[n + 1:n + 1 + nodes], csr[n + 1 + nodes:n + 1 + 2 * nodes]

@@ -50,27 +50,6 @@ class PackedStaging:
             self.uploaded.record()
 
 
-def upload_int64(device: torch.device, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
-    """Integer arrays to ``device`` in ONE copy: laid end to end in an int64 host buffer (pinned
-    on a GPU, copied without blocking; torch's pinned-memory cache keeps the buffer until the
-    copy is done), returned as int64 views of the device copy, each shaped as its array. On
-    the CPU the views are of the host buffer. Eager forwards upload their inputs this way,
-    where a ``.to(device)`` per array made one blocking copy each."""
-    sizes = [int(a.size) for a in arrays]
-    host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=device.type == "cuda")
-    flat = host.numpy()
-    at = 0
-    for a, n in zip(arrays, sizes):
-        flat[at:at + n] = np.asarray(a).ravel()
-        at += n
-    packed = host if device.type == "cpu" else host.to(device, non_blocking=True)
-    views, at = [], 0
-    for a, n in zip(arrays, sizes):
-        views.append(packed[at:at + n].view(np.shape(a)))
-        at += n
-    return views
-
-
 def wants_capture(capture: Optional[bool], device: torch.device, buckets: Sequence[int], what: str) -> bool:
     """Whether a runner captures CUDA graphs: ``capture`` (None: on CUDA devices); capture
     needs a CUDA model and batch buckets (``what`` names the model in the error)."""

@@ -21,7 +21,6 @@ import torch
 
 from specd.engine.request import Request
 from specd.engine.draft_sampling import pack_draft_rows, sample_draft_rows
-from specd.engine.graph_inputs import upload_int64
 from specd.engine.scheduler import DRAFT, TARGET, WorkItem
 from specd.engine.timer import causal_keys
 from specd.engine.torch_sampling import row_argmax
@@ -31,6 +30,7 @@ from specd.models.attention import AttentionMetadata
 from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.kernel_choice import kernels_of
 from specd.models.llama import LlamaModel
+from specd.uploads import upload_packed
 from specd.verification import TokenTree
 
 
@@ -133,7 +133,7 @@ def forward(model: LlamaModel, pool: KVCachePool, model_index: int, segments: li
         arrays += [mask] if mask is not None else []
         arrays += [np.fromiter((tree_len(s) for s in segments), np.int64)] if fed else []
         arrays += [np.concatenate([s.input_ids.numpy() for s in segments])] if host_ids else []
-        uploaded = upload_int64(device, arrays)
+        uploaded = upload_packed(device, arrays)
         positions, slot_mapping, indices, tables_d, starts, kv_lens = uploaded[:6]
         rest = uploaded[6:]
         meta = DeviceAttentionMetadata(positions=positions, slot_mapping=slot_mapping,
