@@ -21,7 +21,7 @@ import torch
 from specd.errors import InvalidArgumentError
 from specd.models.attention import LayerKV
 from specd.models.kernel_choice import grouped_for, kernels_of
-from specd.ops._checks import host_call
+from specd.ops import host_call
 
 
 @dataclass

@@ -30,7 +30,7 @@ from specd.models.config import ModelConfig
 from specd.models.kernel_attention import KernelAttention
 from specd.models.kernel_choice import KernelChoice
 from specd.models.rope import RotaryEmbedding, apply_rope
-from specd.ops._checks import host_call
+from specd.ops import host_call
 
 _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
