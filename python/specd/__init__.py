@@ -39,6 +39,7 @@ from specd.kv import BlockManager, Reservation, SeqKvInfo, kv_bytes_per_token, s
 from specd.engine import (
     LLM,
     Decision,
+    Logprob,
     GoodputPolicy,
     NoSpeculation,
     RequestMetrics,
@@ -92,6 +93,7 @@ __all__ = [
     "RequestOutput",
     "RequestMetrics",
     "StreamChunk",
+    "Logprob",
     "SpeculationPolicy",
     "StaticPolicy",
     "NoSpeculation",

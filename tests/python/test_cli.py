@@ -48,6 +48,19 @@ def test_generate_streams_text_and_reports_metrics(pair):
     assert bad.returncode == 2 and "draft_tree_width" in bad.stderr
 
 
+def test_generate_prints_logprobs(pair):
+    target, draft = pair
+    r = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft", "-k", "3",
+              "--max-tokens", "6", "--dtype", "float32", "--logprobs", "2")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.split("[specd] logprobs")[1].splitlines()[1:7]
+    assert [int(line.split()[0]) for line in lines] == list(range(6))
+    for line in lines:  # greedy: every token is its row's most likely (rank 1), logprob <= 0
+        assert float(line.rsplit("  ", 1)[0].split()[-2]) <= 0 and line.rsplit("  ", 1)[0].split()[-1] == "1"
+    bad = specd("generate", "x", "--target", target, "--method", "none", "--logprobs", "21")
+    assert bad.returncode == 2 and "logprobs must be" in bad.stderr
+
+
 def test_bench_quick_writes_json_and_plots(pair, tmp_path):
     target, draft = pair
     out, plots = tmp_path / "bench.json", tmp_path / "plots"

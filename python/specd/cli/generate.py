@@ -30,15 +30,19 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--show-accepted", action="store_true",
                    help="colour the tokens that were accepted drafts (green)")
+    p.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="after the text, print every generated token's log-probability under the target "
+                        "(raw log-softmax), its rank and the N most likely tokens (N in 0..20)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import specd
 
-    params = specd.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                  min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed)
     try:
+        params = specd.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                      min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
+                                      logprobs=args.logprobs)
         spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
                                        draft_tree_width=args.draft_tree_width)
     except specd.InvalidArgumentError as e:
@@ -53,14 +57,18 @@ def run(args: argparse.Namespace) -> int:
     if args.chat and getattr(llm.tokenizer, "chat_template", None):
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                    add_generation_prompt=True)
-    out, metrics, error = sys.stdout, None, None
+    out, metrics, error, tokens, logprobs = sys.stdout, None, None, [], []
     for chunk in llm.stream(prompt, params):
         for piece, accepted in zip(chunk.pieces, chunk.accepted):
             out.write(f"{GREEN}{piece}{RESET}" if args.show_accepted and accepted and piece else piece)
         out.flush()
         metrics = chunk.metrics or metrics
         error = chunk.error
+        tokens += chunk.token_ids
+        logprobs += chunk.logprobs or []
     out.write("\n")
+    if args.logprobs is not None:
+        _print_logprobs(tokens, logprobs, args.logprobs)
     if error is not None:
         print(f"specd generate: error: {error}", file=sys.stderr)
         return 1
@@ -68,3 +76,15 @@ def run(args: argparse.Namespace) -> int:
           f"{metrics.verify_steps} verify steps, acceptance rate {metrics.acceptance_rate:.2f}, "
           f"mean accepted length {metrics.mean_accepted_length:.2f} tokens/step", file=sys.stderr)
     return 0
+
+
+def _print_logprobs(tokens: list[int], logprobs: list, top: int) -> None:
+    """One line per generated token on stderr: position, token, logprob, rank, the top ones."""
+    print("[specd] logprobs (target, raw log-softmax): position, token, logprob, rank, most likely",
+          file=sys.stderr)
+    for j, (token, entry) in enumerate(zip(tokens, logprobs)):
+        chosen = entry[token]
+        best = sorted(entry.items(), key=lambda kv: (kv[1].rank, kv[0]))[:top]
+        alts = ", ".join(f"{lp.decoded_token!r} {lp.logprob:.3f}" for _, lp in best)
+        print(f"  {j:4d} {chosen.decoded_token!r:>12} {chosen.logprob:9.4f} {chosen.rank:6d}  {alts}",
+              file=sys.stderr)

@@ -16,6 +16,7 @@ from specd import _core
 from specd.engine import model_runner
 from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
+from specd.engine.logprobs import RowRequest, TokenLogprobs, gather_logprobs
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
 from specd.engine.request import Request
@@ -165,6 +166,7 @@ class Engine:
         results = {it.request.id: inputs[it.request.id].verify(trees[it.request.id])
                    for it in deciding if inputs[it.request.id].error is None}
         fed = self._compact_paths(deciding, trees, results)
+        logprobs = _step_logprobs(deciding, trees, results, logits)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
@@ -175,7 +177,8 @@ class Engine:
                 self._release(it.request, finished=False)
                 it.request.fail(failed)
                 finished.append(it.request)
-            elif self._accept(it, trees[it.request.id], results[it.request.id], fed.get(it.request.id)):
+            elif self._accept(it, trees[it.request.id], results[it.request.id], fed.get(it.request.id),
+                              logprobs.get(it.request.id)):
                 finished.append(it.request)
         shape = StepShape(len(items), sum(1 for it in deciding if it.k > 0),
                           sum(trees[it.request.id].num_drafts for it in deciding),
@@ -341,10 +344,11 @@ class Engine:
         self.pool.compact(DRAFT, *draft)
         return fed_paths
 
-    def _accept(self, it: WorkItem, tree: TokenTree, out: VerifyOutput, fed: Optional[np.ndarray] = None) -> bool:
+    def _accept(self, it: WorkItem, tree: TokenTree, out: VerifyOutput, fed: Optional[np.ndarray] = None,
+                logprobs: Optional[list[TokenLogprobs]] = None) -> bool:
         """Commits one request's verified step (its path's KV already moved into place by
-        _compact_paths; ``fed``: its draft tree's fed path), emits its tokens. True if it
-        finished."""
+        _compact_paths; ``fed``: its draft tree's fed path), emits its tokens (with their
+        ``logprobs`` when it asked for them). True if it finished."""
         req = it.request
         accepted = out.num_accepted
         # Target KV: commit the prefix, the root and the accepted drafts; rejected slots are
@@ -363,7 +367,7 @@ class Engine:
         self._record(it, tree, accepted, out.path)
         # Tokens: accepted drafts then the bonus token, cut at a stop condition.
         tokens = out.tokens.tolist()
-        kept = req.emit(tokens, accepted)
+        kept = req.emit(tokens, accepted, logprobs)
         self._emitted += kept
         for p in self.proposers.values():
             p.append(req.id, tokens[:kept])
@@ -444,6 +448,26 @@ def _count_depths(counts: list[int], n: int) -> None:
         counts.extend([0] * (n - len(counts)))
     for d in range(n):
         counts[d] += 1
+
+
+def _step_logprobs(deciding: list[WorkItem], trees: dict[int, TokenTree], results: dict[int, VerifyOutput],
+                   logits: torch.Tensor) -> dict[int, list[TokenLogprobs]]:
+    """Request id -> the TokenLogprobs of every token its step emits (before any stop cut),
+    for the verified requests that asked for logprobs: token j from the row of its accepted
+    path's node j, in its span of ``logits`` (item order, as verification reads them). One
+    gather for them all; nothing when none asked."""
+    asks, ids, start = [], [], 0
+    for it in deciding:
+        req = it.request
+        size = len(trees[req.id])
+        out = results.get(req.id)
+        if req.params.logprobs is not None and out is not None:
+            emitted = len(out.tokens)
+            asks.append(RowRequest(start + np.asarray(out.path[:emitted], dtype=np.int64),
+                                   np.asarray(out.tokens, dtype=np.int64), req.params.logprobs))
+            ids.append(req.id)
+        start += size
+    return dict(zip(ids, gather_logprobs(logits, asks))) if asks else {}
 
 
 def _target_keys(item: WorkItem, trees: dict[int, TokenTree]) -> int:

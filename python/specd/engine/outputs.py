@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from specd.engine.logprobs import TokenLogprobs
+
 
 @dataclass
 class RequestMetrics:
@@ -69,6 +71,10 @@ class RequestOutput:
                                 # "error" (this request failed; see error)
     metrics: RequestMetrics
     error: Optional[str] = None  # with finish_reason "error": what failed, naming the request
+    # With SamplingParams.logprobs: per token of token_ids, token id -> Logprob (the chosen
+    # token and the top ones; engine/logprobs.py), and the chosen tokens' sum. Else None.
+    logprobs: Optional[list[TokenLogprobs]] = None
+    cumulative_logprob: Optional[float] = None
 
 
 @dataclass
@@ -84,3 +90,4 @@ class StreamChunk:
     pieces: list[str] = field(default_factory=list)     # per new token: the text it added
     metrics: Optional[RequestMetrics] = None             # on the final chunk
     error: Optional[str] = None                          # on a final chunk with finish_reason "error"
+    logprobs: Optional[list[TokenLogprobs]] = None       # per new token, with SamplingParams.logprobs

@@ -10,6 +10,7 @@ from typing import Optional, Sequence, Union
 from specd.errors import InvalidArgumentError
 
 METHODS = ("none", "ngram", "suffix", "draft")
+MAX_LOGPROBS = 20  # the most alternatives SamplingParams.logprobs may ask for (vLLM's default cap)
 
 
 def _check(ok: bool, name: str, value, rule: str) -> None:
@@ -25,6 +26,10 @@ class SamplingParams:
     stop: strings that end the output (not included in the text). stop_token_ids: token ids
     that end it. ignore_eos: keep generating past the EOS token. seed: a per-request seed
     (same seed, same output); None uses the engine's seed and the request's index.
+    logprobs: None = none; n in [0, 20] = per generated token, its log-probability and the n
+    most likely tokens' under the target's raw distribution (log-softmax of its logits,
+    before temperature and the cuts; engine/logprobs.py has the rules), in
+    ``RequestOutput.logprobs`` and ``StreamChunk.logprobs``.
     """
 
     temperature: float = 1.0
@@ -36,6 +41,7 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = field(default_factory=tuple)
     ignore_eos: bool = False
     seed: Optional[int] = None
+    logprobs: Optional[int] = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -53,6 +59,9 @@ class SamplingParams:
                self.stop_token_ids, "ints >= 0")
         _check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**64), "seed",
                self.seed, "None or an int in [0, 2**64)")
+        _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                                         and 0 <= self.logprobs <= MAX_LOGPROBS),
+               "logprobs", self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
 
     @property
     def greedy(self) -> bool:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from specd.engine.logprobs import TokenLogprobs, decode_tokens
 from specd.engine.outputs import RequestMetrics, RequestOutput
 from specd.engine.params import SamplingParams
 
@@ -87,6 +88,9 @@ class Request:
     finished_at: Optional[float] = None
     stream_sent: tuple[int, int] = (0, 0)  # (text chars, tokens) already streamed
     online: bool = False  # added by LLM.add_request: its steps and end go to Engine.touched
+    # Per output token, with SamplingParams.logprobs (else None): engine/logprobs.py.
+    logprobs: Optional[list[TokenLogprobs]] = None
+    cumulative_logprob: Optional[float] = None
     # Text (see ``text``): the first ``_decoded`` output tokens' text, and the first
     # ``_pieced`` tokens' pieces (``_pieced`` <= ``_decoded``).
     _text: str = field(default="", repr=False)
@@ -97,6 +101,8 @@ class Request:
 
     def __post_init__(self):
         self._tokens = self.prompt_ids + self.output_ids
+        if self.params.logprobs is not None and self.logprobs is None:
+            self.logprobs, self.cumulative_logprob = [], 0.0
 
     @property
     def tokens(self) -> list[int]:
@@ -147,10 +153,11 @@ class Request:
         """How many more tokens it may emit (max_tokens and the context limit)."""
         return min(self.params.max_tokens - len(self.output_ids), self.max_len - self.length)
 
-    def emit(self, tokens: list[int], num_accepted: int) -> int:
+    def emit(self, tokens: list[int], num_accepted: int, logprobs: Optional[list[TokenLogprobs]] = None) -> int:
         """Appends this step's tokens (accepted drafts, then the bonus/recovered token), stopping
         at EOS, a stop token or string, max_tokens or the context limit. Returns how many of
-        them were kept."""
+        them were kept. ``logprobs``: per token, its TokenLogprobs (kept with the token; the
+        request must have asked for them)."""
         kept = 0
         strings = self.detokenizer is not None and bool(self.params.stop)
         stop_ids = self.params.stop_token_ids
@@ -160,6 +167,9 @@ class Request:
             self.output_ids.append(token)
             self._tokens.append(token)
             self.accepted_flags.append(i < num_accepted)
+            if logprobs is not None:
+                self.logprobs.append(logprobs[i])
+                self.cumulative_logprob += logprobs[i][token].logprob
             kept += 1
             room -= 1
             if token in eos or token in stop_ids:
@@ -204,6 +214,14 @@ class Request:
         if self.started is not None:
             self.metrics.seconds = self.finished_at - self.started
 
+    def logprobs_from(self, start: int) -> Optional[list[TokenLogprobs]]:
+        """The output tokens' logprobs from ``start`` on, their tokens' text decoded (None when
+        the request did not ask for logprobs)."""
+        if self.logprobs is None:
+            return None
+        return decode_tokens(self.logprobs[start:], self.detokenizer.tokenizer if self.detokenizer else None)
+
     def output(self) -> RequestOutput:
         return RequestOutput(self.id, self.prompt, list(self.prompt_ids), self.text, list(self.output_ids),
-                             self.finish_reason or "", self.metrics, self.error)
+                             self.finish_reason or "", self.metrics, self.error, self.logprobs_from(0),
+                             self.cumulative_logprob)
