@@ -61,6 +61,21 @@ def test_generate_prints_logprobs(pair):
     assert bad.returncode == 2 and "logprobs must be" in bad.stderr
 
 
+def test_generate_applies_penalties_losslessly(pair):
+    target, draft = pair
+    args = ("--max-tokens", "12", "--dtype", "float32", "--repetition-penalty", "1.5", "--frequency-penalty", "1.0",
+            "--presence-penalty", "0.5", "--min-tokens", "12")
+    spec = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft", "-k",
+                 "3", *args)
+    plain = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", *args)
+    unpenalised = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", "--max-tokens", "12",
+                        "--dtype", "float32")
+    assert spec.returncode == plain.returncode == 0, spec.stderr + plain.stderr
+    assert spec.stdout == plain.stdout != unpenalised.stdout
+    bad = specd("generate", "x", "--target", target, "--method", "none", "--presence-penalty", "3")
+    assert bad.returncode == 2 and "presence_penalty must be" in bad.stderr
+
+
 def test_bench_quick_writes_json_and_plots(pair, tmp_path):
     target, draft = pair
     out, plots = tmp_path / "bench.json", tmp_path / "plots"

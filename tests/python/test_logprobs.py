@@ -189,3 +189,27 @@ def test_mixed_batch_gets_logprobs_only_where_asked(setup, monkeypatch):
     calls.clear()
     llm.generate(prompts[:2], params[0])
     assert calls == []  # no request asked: nothing gathered, no extra read
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", 0.1)])
+def test_gpu_logprobs_through_the_graph_runners_equal_the_cpus(setup, dtype, tol):
+    """On CUDA (draft and target graph runners, drafts kept on the device, logits in the
+    model's dtype): greedy outputs and their logprobs as the float32 CPU engine gives them
+    (bf16: ranks and top ids may differ where logits are close, so only the chosen tokens'
+    logprobs are compared, within the tolerance)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    target, draft, plain, prompts = setup
+    want = plain.generate(prompts, _greedy())
+    llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=4), dtype=dtype,
+                    device="cuda")
+    got = llm.generate(prompts, _greedy())
+    for g, w in zip(got, want):
+        n = next((i for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)) if a != b), len(w.token_ids))
+        if dtype == "float32":
+            assert n == len(w.token_ids)
+        for eg, ew, token in zip(g.logprobs[:n], w.logprobs[:n], w.token_ids[:n]):
+            if dtype == "float32":
+                _assert_close(eg, ew, tol)
+            else:
+                assert abs(eg[token].logprob - ew[token].logprob) <= tol

@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS or stop token before this many tokens")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 0; 1 = off (default)")
+    p.add_argument("--presence-penalty", type=float, default=0.0, help="in [-2, 2]; 0 = off (default)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, help="in [-2, 2]; 0 = off (default)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--show-accepted", action="store_true",
@@ -42,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         params = specd.SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                       min_p=args.min_p, max_tokens=args.max_tokens, seed=args.seed,
-                                      logprobs=args.logprobs)
+                                      logprobs=args.logprobs, min_tokens=args.min_tokens,
+                                      repetition_penalty=args.repetition_penalty,
+                                      presence_penalty=args.presence_penalty,
+                                      frequency_penalty=args.frequency_penalty)
         spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
                                        draft_tree_width=args.draft_tree_width)
     except specd.InvalidArgumentError as e:

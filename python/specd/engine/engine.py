@@ -16,6 +16,7 @@ from specd import _core
 from specd.engine import model_runner
 from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
+from specd.engine.logits_processors import apply_logits_processors
 from specd.engine.logprobs import RowRequest, TokenLogprobs, gather_logprobs
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
@@ -154,6 +155,14 @@ class Engine:
         finished = []
         self._emitted = 0
         target_kernels = kernels_of(self.target)
+        starts = _row_starts(deciding, trees)
+        raw = logits  # what logprobs read: the rows before the logits processors
+        processed = [it for it in deciding if it.request.params.processed]
+        if processed:
+            if any(it.request.params.logprobs is not None for it in deciding):
+                raw = logits.clone()
+            apply_logits_processors(logits, [it.request for it in processed], [trees[it.request.id] for it in processed],
+                                    [starts[it.request.id] for it in processed])
         # Verification queues its device work behind the verify forward, then reads everything,
         # device-resident drafts included, in one copy: the step's one wait for the GPU.
         inputs = verify_inputs(deciding, trees, logits, draft_dists, cluster=target_kernels.cluster_rows,
@@ -166,7 +175,7 @@ class Engine:
         results = {it.request.id: inputs[it.request.id].verify(trees[it.request.id])
                    for it in deciding if inputs[it.request.id].error is None}
         fed = self._compact_paths(deciding, trees, results)
-        logprobs = _step_logprobs(deciding, trees, results, logits)
+        logprobs = _step_logprobs(deciding, starts, results, raw)
         for it in items:
             if not it.decide:
                 self._commit_prefill(it)
@@ -284,8 +293,10 @@ class Engine:
                 # Only draft-model chains in the step: they may stay on the device until the
                 # target graph runner has queued the verify forward (the target's inputs then
                 # have no host-known draft tokens to mix with theirs).
+                # (Penalties need the drafts on the host before verification: logits_processors.py.)
                 kept = (model_runner.run_draft_on_device(self.draft, self.pool, group, on_forward, self.draft_graph)
-                        if self.device_drafts and len(by_method) == 1 and self.target_graph is not None else None)
+                        if self.device_drafts and len(by_method) == 1 and self.target_graph is not None
+                        and not any(it.request.params.penalized for it in group) else None)
                 if kept is not None:
                     on_device, qs = kept
                     drafts = [[0] * it.k for it in group]  # placeholders (_place_drafts)
@@ -450,23 +461,30 @@ def _count_depths(counts: list[int], n: int) -> None:
         counts[d] += 1
 
 
-def _step_logprobs(deciding: list[WorkItem], trees: dict[int, TokenTree], results: dict[int, VerifyOutput],
+def _row_starts(deciding: list[WorkItem], trees: dict[int, TokenTree]) -> dict[int, int]:
+    """Request id -> the logits row of its tree's root: trees in item order, as the target's
+    verify forward returns their rows and verification reads them."""
+    starts, row = {}, 0
+    for it in deciding:
+        starts[it.request.id] = row
+        row += len(trees[it.request.id])
+    return starts
+
+
+def _step_logprobs(deciding: list[WorkItem], starts: dict[int, int], results: dict[int, VerifyOutput],
                    logits: torch.Tensor) -> dict[int, list[TokenLogprobs]]:
     """Request id -> the TokenLogprobs of every token its step emits (before any stop cut),
     for the verified requests that asked for logprobs: token j from the row of its accepted
-    path's node j, in its span of ``logits`` (item order, as verification reads them). One
-    gather for them all; nothing when none asked."""
-    asks, ids, start = [], [], 0
+    path's node j (``starts``: _row_starts). One gather for them all; nothing when none asked."""
+    asks, ids = [], []
     for it in deciding:
         req = it.request
-        size = len(trees[req.id])
         out = results.get(req.id)
         if req.params.logprobs is not None and out is not None:
             emitted = len(out.tokens)
-            asks.append(RowRequest(start + np.asarray(out.path[:emitted], dtype=np.int64),
+            asks.append(RowRequest(starts[req.id] + np.asarray(out.path[:emitted], dtype=np.int64),
                                    np.asarray(out.tokens, dtype=np.int64), req.params.logprobs))
             ids.append(req.id)
-        start += size
     return dict(zip(ids, gather_logprobs(logits, asks))) if asks else {}
 
 

@@ -309,6 +309,10 @@ class LLM:
         if not isinstance(params, SamplingParams):
             raise InvalidArgumentError(f"params must be a specd.SamplingParams, got {type(params).__name__}")
         text, ids = self._tokenize(prompt)
+        vocab = self.target.config.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise InvalidArgumentError(f"logit_bias has token id {max(params.logit_bias)}, outside the vocabulary "
+                                       f"[0, {vocab})")
         if not ids:
             raise InvalidArgumentError("the prompt is empty (no tokens)")
         if len(ids) >= self.max_model_len:

@@ -30,6 +30,14 @@ class SamplingParams:
     most likely tokens' under the target's raw distribution (log-softmax of its logits,
     before temperature and the cuts; engine/logprobs.py has the rules), in
     ``RequestOutput.logprobs`` and ``StreamChunk.logprobs``.
+
+    Logits processors (vLLM's semantics; engine/logits_processors.py has the rules; they
+    change the target distribution that greedy and sampled decoding, speculative or not,
+    reproduce): min_tokens: EOS and stop_token_ids cannot come before this many new tokens.
+    logit_bias: token id -> bias in [-100, 100] added to its logit. repetition_penalty > 0
+    (1 = off): a prompt or output token's logit is divided by it when positive, multiplied
+    when not. presence_penalty / frequency_penalty in [-2, 2]: subtracted from an output
+    token's logit once / per occurrence.
     """
 
     temperature: float = 1.0
@@ -42,6 +50,11 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: Optional[int] = None
     logprobs: Optional[int] = None
+    min_tokens: int = 0
+    logit_bias: Optional[dict[int, float]] = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -62,10 +75,32 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                          and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
+        _check(isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool)
+               and 0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "an int in [0, max_tokens]")
+        _check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 and isinstance(b, (int, float))
+            and math.isfinite(b) and -100 <= b <= 100 for t, b in self.logit_bias.items())),
+               "logit_bias", self.logit_bias, "None or a dict of token ids (ints >= 0) to biases in [-100, 100]")
+        _check(isinstance(self.repetition_penalty, (int, float)) and math.isfinite(self.repetition_penalty)
+               and self.repetition_penalty > 0, "repetition_penalty", self.repetition_penalty, "a finite number > 0")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and math.isfinite(value) and -2 <= value <= 2, name, value,
+                   "in [-2, 2]")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processed(self) -> bool:
+        """Whether a logits processor changes this request's target distribution."""
+        return bool(self.min_tokens or self.logit_bias or self.penalized)
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty applies (its rows then depend on the drafted tokens above them)."""
+        return bool(self.repetition_penalty != 1 or self.presence_penalty or self.frequency_penalty)
 
 
 @dataclass
