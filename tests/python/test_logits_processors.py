@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 import specd
-from specd.engine.logits_processors import apply_logits_processors
+from specd.engine.logits_processors import PenaltyState, apply_logits_processors
 from specd.engine.request import Request
 from specd.errors import InvalidArgumentError
 from test_engine import self_draft
@@ -56,8 +56,11 @@ PARAMS = [
 ]
 
 
+@pytest.mark.parametrize("all_columns", [False, True], ids=["changeable columns", "all columns"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_equal_the_per_node_reference(dtype):
+def test_rows_equal_the_per_node_reference(dtype, all_columns):
+    """Both ways of processing the penalised rows: the CPU's (the columns a penalty can
+    change) and the GPU's (every column)."""
     rng = np.random.default_rng(0)
     vocab = 40
     reqs, trees, starts, row = [], [], [], 0
@@ -73,7 +76,7 @@ def test_rows_equal_the_per_node_reference(dtype):
         row += n
     raw = (torch.randn(row, vocab, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
     logits = raw.clone()
-    assert apply_logits_processors(logits, reqs, trees, starts)
+    assert apply_logits_processors(logits, reqs, trees, starts, all_columns)
     for req, tree, start in zip(reqs, trees, starts):
         parents, tokens = np.asarray(tree.parents), np.asarray(tree.tokens)
         for node in range(len(tree)):
@@ -88,7 +91,32 @@ def test_rows_equal_the_per_node_reference(dtype):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"request {req.id} node {node}")
     assert torch.equal(logits[starts[3]:starts[4]], raw[starts[3]:starts[4]])
     plain = raw.clone()
-    assert not apply_logits_processors(plain, reqs[3:4], trees[3:4], starts[3:4]) and torch.equal(plain, raw)
+    assert not apply_logits_processors(plain, reqs[3:4], trees[3:4], starts[3:4], all_columns)
+    assert torch.equal(plain, raw)
+
+
+def test_penalty_state_follows_outputs_across_steps_and_reuses_slots():
+    vocab = 30
+    rng = np.random.default_rng(3)
+    state = PenaltyState(vocab, torch.device("cpu"))
+    params = specd.SamplingParams(max_tokens=50, frequency_penalty=1.0)
+    reqs = {i: _request(i, rng.integers(0, vocab, 5).tolist(), [], params) for i in range(6)}
+    live = [0, 1, 2, 3, 4]
+    for step in range(12):
+        for i in live:
+            reqs[i].output_ids.extend(rng.integers(0, vocab, int(rng.integers(0, 4))).tolist())
+        slots = state.sync([reqs[i] for i in live])
+        assert len(set(slots)) == len(live)
+        for i, slot in zip(live, slots):
+            out, prompt = reqs[i].output_ids, reqs[i].prompt_ids
+            assert state.counts[slot].tolist() == np.bincount(out, minlength=vocab).tolist(), (step, i)
+            assert state.seen[slot].tolist() == [t in set(out) | set(prompt) for t in range(vocab)], (step, i)
+        if step == 4:  # one ends; a new one takes its row, cleared
+            state.release(live.pop(1))
+            live.append(5)
+        if step == 7:
+            state.release(live.pop(0))
+    assert state.counts.shape[0] == 8  # grew once (4 -> 8 rows), rows reused after
 
 
 # ---- greedy through the engine ----
@@ -139,6 +167,7 @@ def test_greedy_processed_speculation_equals_hf_and_plain(setup, spec):
              (dict(logit_bias={5: 6.0, 15: 3.0, 265: -50.0}), dict(sequence_bias={(5,): 6.0, (15,): 3.0, (265,): -50.0})),
              (dict(min_tokens=18, logit_bias={EOS: 9.0}), dict(min_new_tokens=18, sequence_bias={(EOS,): 9.0}))]
     llm = _speculative(setup, spec)
+    llm.engine.processors.all_columns = spec == "draft"  # the GPU's way too, on one proposer
     accepted = 0
     for ours, theirs in cases:
         params = specd.SamplingParams(temperature=0.0, max_tokens=20, ignore_eos="min_tokens" not in ours, **ours)
@@ -154,13 +183,19 @@ def test_greedy_processed_speculation_equals_hf_and_plain(setup, spec):
 
 
 @pytest.mark.parametrize("spec", sorted(SPECS))
-def test_greedy_penalties_equal_the_reference_loop(setup, spec):
+@pytest.mark.parametrize("penalties", ["discouraging", "encouraging"])
+def test_greedy_penalties_equal_the_reference_loop(setup, spec, penalties):
+    """Positive penalties (no repeats) and a negative frequency penalty (repeats, where the
+    counts' exact values decide)."""
     target, _, plain, prompts = setup
     hf = load_hf_model(target)
-    params = specd.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, presence_penalty=0.4,
-                                  frequency_penalty=0.9, repetition_penalty=1.1, logit_bias={15: 2.0})
+    kw = (dict(presence_penalty=0.4, frequency_penalty=0.9, repetition_penalty=1.1, logit_bias={15: 2.0})
+          if penalties == "discouraging" else dict(presence_penalty=0.3, frequency_penalty=-0.45))
+    params = specd.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, **kw)
     want = [o.token_ids for o in plain.generate(prompts, params)]
     assert want[:2] == [_reference_greedy(hf, p, params) for p in prompts[:2]]
+    if penalties == "encouraging":
+        assert all(len(set(w)) < len(w) - 4 for w in want)
     assert [o.token_ids for o in _speculative(setup, spec).generate(prompts, params)] == want
 
 
@@ -169,8 +204,16 @@ def test_processed_and_plain_requests_share_a_batch(setup):
     params = [specd.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, **kw)
               for kw in ({}, {"frequency_penalty": 1.5}, {}, {"logit_bias": {7: 4.0}})]
     want = [plain.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
-    assert [o.token_ids for o in _speculative(setup, "draft").generate(prompts, params)] == want
+    llm = _speculative(setup, "draft")
+    assert [o.token_ids for o in llm.generate(prompts, params)] == want
     assert want[0] == plain.generate([prompts[0]], params[0])[0].token_ids  # unprocessed neighbours unchanged
+    assert llm.engine.processors._penalties.slots == {}  # every ended request's row released
+    rid = llm.add_request(prompts[1], params[1])
+    llm.step()
+    llm.step()
+    assert list(llm.engine.processors._penalties.slots) == [rid]
+    llm.abort_request(rid)
+    assert llm.engine.processors._penalties.slots == {}
 
 
 def test_logprobs_stay_raw_under_processors(setup):

@@ -16,7 +16,7 @@ from specd import _core
 from specd.engine import model_runner
 from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
-from specd.engine.logits_processors import apply_logits_processors
+from specd.engine.logits_processors import LogitsProcessors
 from specd.engine.logprobs import RowRequest, TokenLogprobs, gather_logprobs
 from specd.engine.params import SpeculationConfig
 from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
@@ -62,6 +62,7 @@ class Engine:
             self.scheduler.probe = self._probe_trees
         self._tree_probs: dict[int, float] = {}  # request id -> its proposed drafts' node_probs summed
         self._draft_trees: dict[int, DraftTree] = {}  # request id -> this step's draft-model tree
+        self.processors = LogitsProcessors()  # SamplingParams' min_tokens, logit_bias, penalties
         # On a GPU, forwards are timed by CUDA events (no host synchronisation around them).
         self.timer = timer or (EventTimer(target.device) if target.device.type == "cuda" else WallTimer())
         self._step_seconds = shape_aware(self.timer.step_seconds)  # (forward seconds, StepShape)
@@ -114,6 +115,7 @@ class Engine:
         self.scheduler.finish(request)
         self.policy.forget(request)
         self._tree_probs.pop(request.id, None)
+        self.processors.release(request.id)
         for p in self.proposers.values():
             if request.id in p:
                 p.remove_request(request.id, finished=finished)
@@ -161,8 +163,8 @@ class Engine:
         if processed:
             if any(it.request.params.logprobs is not None for it in deciding):
                 raw = logits.clone()
-            apply_logits_processors(logits, [it.request for it in processed], [trees[it.request.id] for it in processed],
-                                    [starts[it.request.id] for it in processed])
+            self.processors.apply(logits, [it.request for it in processed], [trees[it.request.id] for it in processed],
+                                  [starts[it.request.id] for it in processed])
         # Verification queues its device work behind the verify forward, then reads everything,
         # device-resident drafts included, in one copy: the step's one wait for the GPU.
         inputs = verify_inputs(deciding, trees, logits, draft_dists, cluster=target_kernels.cluster_rows,

@@ -19,15 +19,22 @@ Rules (vLLM's semantics and order):
   included, the prompt not).
 - Computed in float32, written back in the logits' dtype.
 
-Host work per step: the sparse entries (row, token, count) of the processed requests, built
-with numpy from each request's output (``np.unique`` per request and step) and its tree;
-device work: one upload, one gather and three scatters for the whole step. Requests
-without processors cost nothing.
+Where the work is (a step with processed requests; other steps pay nothing):
+- min_tokens and logit_bias: sparse edits (row, token), one upload and two indexing ops.
+- Penalties: each penalised request keeps, on the logits' device, its output tokens' counts
+  and the mask of the tokens in its prompt or output (a row of ``PenaltyState``'s
+  ``[capacity, vocab]`` tables), brought up to date each step with the tokens emitted since
+  (the prompt once). The step's penalised rows are then processed densely: their requests'
+  counts gathered ``[rows, vocab]``, the drafts above each row added (a sparse scatter), the
+  rule applied to the rows in one pass. Host work per request and step: its new tokens and
+  its tree's paths (O(nodes x depth)), not its history. On a GPU every column of those rows
+  is processed (no host synchronisation); on the CPU only the columns a penalty can change
+  (tokens seen by one of the step's penalised requests, or drafted), found first.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -37,13 +44,22 @@ from specd.uploads import upload_packed
 from specd.verification import TokenTree
 
 
-def _path_tokens(tree: TokenTree) -> list[np.ndarray]:
-    """Per node, the tokens on its path below the root (itself included; the root: none)."""
+def _path_counts(tree: TokenTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every node, the drafts on its path below the root (itself included) as
+    (node, token, count) triples, a token counted once per occurrence on the path."""
     parents, tokens = np.asarray(tree.parents), np.asarray(tree.tokens)
-    paths = [np.empty(0, dtype=np.int64)]
-    for n in range(1, len(parents)):  # a parent's index is below its children's
-        paths.append(np.append(paths[parents[n]], tokens[n]))
-    return paths
+    nodes, toks, counts = [], [], []
+    for n in range(1, len(parents)):
+        seen: dict[int, int] = {}
+        at = n
+        while at > 0:
+            t = int(tokens[at])
+            seen[t] = seen.get(t, 0) + 1
+            at = parents[at]
+        nodes += [n] * len(seen)
+        toks += seen.keys()
+        counts += seen.values()
+    return np.array(nodes, dtype=np.int64), np.array(toks, dtype=np.int64), np.array(counts, dtype=np.int64)
 
 
 def _stop_ids(req: Request, vocab: int) -> np.ndarray:
@@ -54,93 +70,168 @@ def _stop_ids(req: Request, vocab: int) -> np.ndarray:
     return np.array(sorted(i for i in ids if i < vocab), dtype=np.int64)
 
 
-class _Entries:
-    """The step's sparse edits, collected per request then applied at once."""
+class PenaltyState:
+    """Per penalised request, on one device: ``counts`` int32 ``[capacity, vocab]`` (its output
+    tokens' occurrences) and ``seen`` bool ``[capacity, vocab]`` (in its prompt or output),
+    one row (slot) per request, kept up to date with ``sync``; the tables double when full."""
 
-    def __init__(self):
-        self.mask: tuple[list, list] = ([], [])             # rows, tokens -> -inf
-        self.bias: tuple[list, list, list] = ([], [], [])   # rows, tokens, biases
-        # rows, tokens, output counts, in-prompt flags, repetition / presence / frequency
-        self.penalty: tuple[list, ...] = ([], [], [], [], [], [], [])
+    def __init__(self, vocab: int, device: torch.device):
+        self.vocab, self.device = vocab, device
+        self.counts = torch.zeros(0, vocab, dtype=torch.int32, device=device)
+        self.seen = torch.zeros(0, vocab, dtype=torch.bool, device=device)
+        self.slots: dict[int, int] = {}   # request id -> its row
+        self._counted: dict[int, int] = {}  # request id -> output tokens already in its row
+        self._free: list[int] = []
 
-    def add_request(self, req: Request, tree: TokenTree, start: int, vocab: int) -> None:
-        p = req.params
-        n = len(tree)
-        rows = start + np.arange(n, dtype=np.int64)
-        depths = np.asarray(tree.depths, dtype=np.int64)
-        if p.min_tokens:
-            blocked = rows[len(req.output_ids) + depths < p.min_tokens]
-            stops = _stop_ids(req, vocab)
-            if blocked.size and stops.size:
-                self.mask[0].append(np.repeat(blocked, stops.size))
-                self.mask[1].append(np.tile(stops, blocked.size))
-        if p.logit_bias:
-            tokens = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
-            biases = np.fromiter(p.logit_bias.values(), dtype=np.float64, count=len(p.logit_bias))
-            self.bias[0].append(np.repeat(rows, tokens.size))
-            self.bias[1].append(np.tile(tokens, n))
-            self.bias[2].append(np.tile(biases, n))
-        if p.repetition_penalty != 1 or p.presence_penalty or p.frequency_penalty:
-            self._add_penalties(req, tree, rows, vocab)
+    def sync(self, requests: Sequence[Request]) -> list[int]:
+        """Brings the requests' rows up to date (new requests get a cleared row and their
+        prompt); returns their slots."""
+        slots, rows, tokens, counted = [], [], [], []
+        fresh = []
+        for req in requests:
+            slot = self.slots.get(req.id)
+            if slot is None:
+                slot = self._take()
+                self.slots[req.id], self._counted[req.id] = slot, 0
+                fresh.append(slot)
+                rows.append(np.full(len(req.prompt_ids), slot, dtype=np.int64))
+                tokens.append(np.asarray(req.prompt_ids, dtype=np.int64))
+                counted.append(np.zeros(len(req.prompt_ids), dtype=np.int64))
+            new = req.output_ids[self._counted[req.id]:]
+            if new:
+                rows.append(np.full(len(new), slot, dtype=np.int64))
+                tokens.append(np.asarray(new, dtype=np.int64))
+                counted.append(np.ones(len(new), dtype=np.int64))
+                self._counted[req.id] = len(req.output_ids)
+            slots.append(slot)
+        if fresh:
+            (index,) = upload_packed(self.device, [np.array(fresh)])
+            self.counts.index_fill_(0, index, 0)
+            self.seen.index_fill_(0, index, False)
+        if rows:
+            r, t, c = upload_packed(self.device, [np.concatenate(rows), np.concatenate(tokens), np.concatenate(counted)])
+            self.counts.index_put_((r, t), c.to(torch.int32), accumulate=True)
+            self.seen.index_put_((r, t), torch.ones((), dtype=torch.bool, device=self.device))
+        return slots
 
-    def _add_penalties(self, req: Request, tree: TokenTree, rows: np.ndarray, vocab: int) -> None:
-        p = req.params
-        out_tok, out_cnt = np.unique(np.asarray(req.output_ids, dtype=np.int64), return_counts=True)
-        prompt_tok = (np.unique(np.asarray(req.prompt_ids, dtype=np.int64)) if p.repetition_penalty != 1
-                      else np.empty(0, dtype=np.int64))
-        paths = _path_tokens(tree)
-        n = len(rows)
-        lengths = np.array([len(x) for x in paths])
-        # Every (row, token) of the row's context, then summed per pair.
-        row_of = np.concatenate([np.repeat(rows, out_tok.size), np.repeat(rows, prompt_tok.size),
-                                 np.repeat(rows, lengths)])
-        token_of = np.concatenate([np.tile(out_tok, n), np.tile(prompt_tok, n), *paths])
-        count_of = np.concatenate([np.tile(out_cnt, n), np.zeros(prompt_tok.size * n, dtype=np.int64),
-                                   np.ones(int(lengths.sum()), dtype=np.int64)])
-        flag_of = np.concatenate([np.zeros(out_tok.size * n, dtype=np.int64), np.ones(prompt_tok.size * n, dtype=np.int64),
-                                  np.zeros(int(lengths.sum()), dtype=np.int64)])
-        if row_of.size == 0:
-            return
-        keys, inverse = np.unique(row_of * vocab + token_of, return_inverse=True)
-        counts = np.bincount(inverse, weights=count_of).astype(np.int64)
-        in_prompt = (np.bincount(inverse, weights=flag_of) > 0).astype(np.int64)
-        m = keys.size
-        for column, value in zip(self.penalty, (keys // vocab, keys % vocab, counts, in_prompt,
-                                                np.full(m, p.repetition_penalty), np.full(m, p.presence_penalty),
-                                                np.full(m, p.frequency_penalty))):
-            column.append(value)
+    def release(self, request_id: int) -> None:
+        slot = self.slots.pop(request_id, None)
+        if slot is not None:
+            del self._counted[request_id]
+            self._free.append(slot)
 
-    def apply(self, logits: torch.Tensor) -> None:
+    def _take(self) -> int:
+        if not self._free:
+            old = self.counts.shape[0]
+            grow = max(old, 4)
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(grow, self.vocab)])
+            self.seen = torch.cat([self.seen, self.seen.new_zeros(grow, self.vocab)])
+            self._free = list(range(old + grow - 1, old - 1, -1))
+        return self._free.pop()
+
+
+class LogitsProcessors:
+    """The engine's logits processors: ``apply`` per step, ``release`` when a request ends.
+    ``all_columns``: penalties process every column of their rows (True), or only those they
+    can change (False); None: all on a GPU, the changeable ones on the CPU (module rules)."""
+
+    def __init__(self, all_columns: Optional[bool] = None):
+        self._penalties: Optional[PenaltyState] = None
+        self.all_columns = all_columns
+
+    def release(self, request_id: int) -> None:
+        if self._penalties is not None:
+            self._penalties.release(request_id)
+
+    def apply(self, logits: torch.Tensor, requests: Sequence[Request], trees: Sequence[TokenTree],
+              starts: Sequence[int]) -> bool:
+        """Applies every processed request's processors to its rows of ``logits``
+        ``[rows, vocab]`` (in place): request i's tree ``trees[i]`` has its node j at row
+        ``starts[i] + j``. Returns whether anything was applied."""
+        vocab = logits.shape[-1]
+        mask_r, mask_t, bias_r, bias_t, bias_v = [], [], [], [], []
+        penalised = []
+        touched = False
+        for req, tree, start in zip(requests, trees, starts):
+            p = req.params
+            if not p.processed:
+                continue
+            touched = True
+            n = len(tree)
+            rows = start + np.arange(n, dtype=np.int64)
+            if p.min_tokens:
+                blocked = rows[len(req.output_ids) + np.asarray(tree.depths, dtype=np.int64) < p.min_tokens]
+                stops = _stop_ids(req, vocab)
+                if blocked.size and stops.size:
+                    mask_r.append(np.repeat(blocked, stops.size))
+                    mask_t.append(np.tile(stops, blocked.size))
+            if p.logit_bias:
+                tokens = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
+                bias_r.append(np.repeat(rows, tokens.size))
+                bias_t.append(np.tile(tokens, n))
+                bias_v.append(np.tile(np.fromiter(p.logit_bias.values(), dtype=np.float64, count=tokens.size), n))
+            if p.penalized:
+                penalised.append((req, tree, start))
+        if mask_r:
+            r, t = upload_packed(logits.device, [np.concatenate(mask_r), np.concatenate(mask_t)])
+            logits.index_put_((r, t), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+        if bias_r:
+            r, t = upload_packed(logits.device, [np.concatenate(bias_r), np.concatenate(bias_t)])
+            (v,) = upload_packed(logits.device, [np.concatenate(bias_v)], torch.float32)
+            logits.index_put_((r, t), v.to(logits.dtype), accumulate=True)
+        if penalised:
+            self._apply_penalties(logits, penalised)
+        return touched
+
+    def _apply_penalties(self, logits: torch.Tensor, penalised: list[tuple[Request, TokenTree, int]]) -> None:
+        if self._penalties is None or self._penalties.device != logits.device:
+            self._penalties = PenaltyState(logits.shape[-1], logits.device)
+        state = self._penalties
+        slots = state.sync([req for req, _, _ in penalised])
+        rows, row_slots, factors, path = [], [], [], ([], [], [])
+        at = 0  # index of the request's first row among the penalised rows
+        for (req, tree, start), slot in zip(penalised, slots):
+            n = len(tree)
+            rows.append(start + np.arange(n, dtype=np.int64))
+            row_slots.append(np.full(n, slot, dtype=np.int64))
+            p = req.params
+            factors.append(np.repeat([[p.repetition_penalty, p.presence_penalty, p.frequency_penalty]], n, axis=0))
+            nodes, toks, counts = _path_counts(tree)
+            for column, value in zip(path, (at + nodes, toks, counts)):
+                column.append(value)
+            at += n
         device = logits.device
-        ints = [np.concatenate(c) if c else np.empty(0, dtype=np.int64)
-                for c in (*self.mask, *self.bias[:2], *self.penalty[:4])]
-        floats = [np.concatenate(c) if c else np.empty(0) for c in (self.bias[2], *self.penalty[4:])]
-        mask_r, mask_t, bias_r, bias_t, pen_r, pen_t, counts, in_prompt = upload_packed(device, ints)
-        bias, rep, presence, frequency = upload_packed(device, floats, torch.float32)
-        if mask_r.numel():
-            logits.index_put_((mask_r, mask_t), torch.tensor(float("-inf"), dtype=logits.dtype, device=device))
-        if bias_r.numel():
-            logits.index_put_((bias_r, bias_t), bias.to(logits.dtype), accumulate=True)
-        if pen_r.numel():
-            v = logits[pen_r, pen_t].float()
-            repeated = (in_prompt > 0) | (counts > 0)
-            v = torch.where(repeated & (rep != 1), torch.where(v > 0, v / rep, v * rep), v)
-            v = v - frequency * counts - presence * (counts > 0)
-            logits.index_put_((pen_r, pen_t), v.to(logits.dtype))
+        r, s, pr, pt, pc = upload_packed(device, [np.concatenate(rows), np.concatenate(row_slots),
+                                                  *(np.concatenate(c) for c in path)])
+        (f,) = upload_packed(device, [np.concatenate(factors)], torch.float32)  # [rows, 3]
+        cols = None  # the columns processed: all (a GPU: no host sync), or on the CPU only
+        if not (device.type != "cpu" if self.all_columns is None else self.all_columns):
+            # only those a penalty can change: seen by a request, or drafted above a row
+            cols = torch.unique(torch.cat([state.seen.index_select(0, s.unique()).any(0).nonzero().squeeze(1), pt]))
+            pt = torch.searchsorted(cols, pt)
+        counts = _columns(state.counts, s, cols)  # [rows, vocab or cols]
+        seen = _columns(state.seen, s, cols)
+        if pr.numel():  # the drafts above each row
+            counts.index_put_((pr, pt), pc.to(torch.int32), accumulate=True)
+            seen.index_put_((pr, pt), torch.ones((), dtype=torch.bool, device=device))
+        rep, presence, frequency = f[:, 0:1], f[:, 1:2], f[:, 2:3]
+        x = _columns(logits, r, cols).float()
+        x = torch.where(seen & (rep != 1), torch.where(x > 0, x / rep, x * rep), x)
+        x = x - frequency * counts - presence * (counts > 0)
+        if cols is None:
+            logits.index_copy_(0, r, x.to(logits.dtype))
+        else:
+            logits.index_put_((r.unsqueeze(1), cols.unsqueeze(0)), x.to(logits.dtype))
+
+
+def _columns(table: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tensor]) -> torch.Tensor:
+    """``table[rows][:, cols]`` (all columns when None), as a new tensor, the columns taken
+    first (a few of a wide table)."""
+    return table.index_select(0, rows) if cols is None else table.index_select(1, cols).index_select(0, rows)
 
 
 def apply_logits_processors(logits: torch.Tensor, requests: Sequence[Request], trees: Sequence[TokenTree],
-                            starts: Sequence[int]) -> bool:
-    """Applies every processed request's logits processors to its rows of ``logits``
-    ``[rows, vocab]`` (in place): request i's tree ``trees[i]`` has its node j at row
-    ``starts[i] + j``. Returns whether anything was applied."""
-    entries = _Entries()
-    vocab = logits.shape[-1]
-    touched = False
-    for req, tree, start in zip(requests, trees, starts):
-        if req.params.processed:
-            entries.add_request(req, tree, start, vocab)
-            touched = True
-    if touched:
-        entries.apply(logits)
-    return touched
+                            starts: Sequence[int], all_columns: Optional[bool] = None) -> bool:
+    """``LogitsProcessors(all_columns).apply`` with a fresh state (every request's history
+    counted anew): for one-off use and tests; the engine keeps one LogitsProcessors."""
+    return LogitsProcessors(all_columns).apply(logits, requests, trees, starts)
