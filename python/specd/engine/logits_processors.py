@@ -174,7 +174,7 @@ class LogitsProcessors:
                 penalised.append((req, tree, start))
         if mask_r:
             r, t = upload_packed(logits.device, [np.concatenate(mask_r), np.concatenate(mask_t)])
-            logits.index_put_((r, t), torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+            logits.index_put_((r, t), torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
         if bias_r:
             r, t = upload_packed(logits.device, [np.concatenate(bias_r), np.concatenate(bias_t)])
             (v,) = upload_packed(logits.device, [np.concatenate(bias_v)], torch.float32)

@@ -1,0 +1,13 @@
+"""An OpenAI-compatible HTTP server over one LLM (``specd serve``): ``make_app`` builds the
+FastAPI app, ``AsyncLLM`` drives the LLM from an engine thread. Needs ``pip install
+specd[serve]`` (FastAPI and uvicorn)."""
+
+from specd.serve.async_llm import AsyncLLM, RequestStream
+
+__all__ = ["AsyncLLM", "RequestStream", "make_app"]
+
+
+def make_app(engine: AsyncLLM, model_name: str):
+    from specd.serve.app import make_app as _make_app
+
+    return _make_app(engine, model_name)

@@ -1,0 +1,222 @@
+"""The OpenAI-compatible HTTP server (FastAPI): ``specd serve``.
+
+Routes: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (LLM.metrics(), the requests
+in flight and those aborted by a client leaving), ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``:
+server-sent events ending with ``data: [DONE]``). Every request joins the one engine's
+continuous batch (serve/async_llm.py); a streaming client that disconnects aborts its request.
+
+Errors, in OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad
+body or parameter (the message names it), 404 for another model's name, 500 when a request
+fails in the engine (a streaming response then sends an error event before ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from specd.errors import InvalidArgumentError
+from specd.serve import protocol
+from specd.serve.async_llm import AsyncLLM, RequestStream
+
+
+class _RequestFailed(Exception):
+    pass
+
+
+def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
+    """The app serving ``engine`` under ``model_name``; closing the app closes the engine."""
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        engine.close()
+
+    app = FastAPI(title="specd", lifespan=lifespan)
+    llm = engine.llm
+    chat_max_tokens = llm.max_model_len  # OpenAI's chat default: up to the context limit
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_request, exc: RequestValidationError):
+        where = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse(protocol.error_body(f"invalid request body: {where}"), status_code=400)
+
+    @app.exception_handler(InvalidArgumentError)
+    async def _invalid_argument(_request, exc: InvalidArgumentError):
+        return JSONResponse(protocol.error_body(str(exc)), status_code=400)
+
+    @app.exception_handler(_RequestFailed)
+    async def _failed(_request, exc: _RequestFailed):
+        return JSONResponse(protocol.error_body(str(exc), "server_error", 500), status_code=500)
+
+    def check_model(name: Optional[str]) -> Optional[JSONResponse]:
+        if name is not None and name != model_name:
+            return JSONResponse(protocol.error_body(f"The model `{name}` does not exist (this server has "
+                                                    f"`{model_name}`).", "NotFoundError", 404), status_code=404)
+        return None
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": protocol.created(),
+                                            "owned_by": "specd", "max_model_len": llm.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return {"requests_in_flight": engine.num_in_flight, "requests_aborted": engine.aborted,
+                **(await engine.call(lambda x: x.metrics()))}
+
+    @app.post("/v1/completions")
+    async def completions(body: protocol.CompletionRequest):
+        wrong = check_model(body.model)
+        if wrong is not None:
+            return wrong
+        params = body.params(default_max_tokens=16)
+        streams = await _add_all(engine, body.prompts(), params)
+        rid, now = protocol.new_id("cmpl"), protocol.created()
+        top = params.logprobs or 0
+        if body.stream:
+            offsets = [0] * len(streams)
+
+            def event(i: int, chunk) -> dict:
+                choice = {"index": i, "text": chunk.text, "finish_reason": chunk.finish_reason if chunk.finished else None,
+                          "logprobs": protocol.completion_logprobs(chunk, offsets[i], top)}
+                offsets[i] += len(chunk.text)
+                return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
+                        "choices": [choice]}
+            return _sse(streams, event)
+        results = await _collect_all(streams)
+        choices, spec = [], []
+        for i, (stream, chunks) in enumerate(zip(streams, results)):
+            text = "".join(c.text for c in chunks)
+            merged = _merge_logprobs(chunks, top)
+            choices.append({"index": i, "text": text, "finish_reason": chunks[-1].finish_reason,
+                            "logprobs": merged})
+            spec.append(protocol.speculation(chunks[-1].metrics))
+        return {"id": rid, "object": "text_completion", "created": now, "model": model_name, "choices": choices,
+                "usage": _usage(streams, results), "specd": spec}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: protocol.ChatRequest):
+        wrong = check_model(body.model)
+        if wrong is not None:
+            return wrong
+        params = body.params(default_max_tokens=chat_max_tokens)
+        tokenizer = llm.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise InvalidArgumentError(f"the model `{model_name}` has no chat template: use /v1/completions")
+        prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+        streams = await _add_all(engine, [prompt], params)
+        rid, now = protocol.new_id("chatcmpl"), protocol.created()
+        top = params.logprobs or 0
+        if body.stream:
+            first = [True]
+
+            def event(i: int, chunk) -> dict:
+                delta = {"role": "assistant", "content": chunk.text} if first[0] else {"content": chunk.text}
+                first[0] = False
+                choice = {"index": i, "delta": delta, "finish_reason": chunk.finish_reason if chunk.finished else None,
+                          "logprobs": protocol.chat_logprobs(chunk, top)}
+                return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
+                        "choices": [choice]}
+            return _sse(streams, event)
+        (chunks,) = await _collect_all(streams)
+        logprobs = None
+        if params.logprobs is not None:
+            logprobs = {"content": [c for ch in chunks for c in protocol.chat_logprobs(ch, top)["content"]]}
+        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(c.text for c in chunks)},
+                  "finish_reason": chunks[-1].finish_reason, "logprobs": logprobs}
+        return {"id": rid, "object": "chat.completion", "created": now, "model": model_name, "choices": [choice],
+                "usage": _usage(streams, [chunks]), "specd": [protocol.speculation(chunks[-1].metrics)]}
+
+    return app
+
+
+async def _add_all(engine: AsyncLLM, prompts: list, params) -> list[RequestStream]:
+    """Every prompt's request, or none: a rejected one aborts those already added."""
+    streams: list[RequestStream] = []
+    try:
+        for prompt in prompts:
+            streams.append(await engine.add(prompt, params))
+    except BaseException:
+        for s in streams:
+            await s.aclose()
+        raise
+    return streams
+
+
+async def _collect(stream: RequestStream) -> list:
+    async with stream:
+        chunks = [c async for c in stream]
+    if chunks[-1].finish_reason == "error":
+        raise _RequestFailed(chunks[-1].error or "the request failed")
+    return chunks
+
+
+async def _collect_all(streams: list[RequestStream]) -> list[list]:
+    try:
+        return list(await asyncio.gather(*(_collect(s) for s in streams)))
+    finally:
+        for s in streams:
+            await s.aclose()
+
+
+def _merge_logprobs(chunks: list, top: int) -> Optional[dict]:
+    if chunks[0].logprobs is None:
+        return None
+    merged, offset = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}, 0
+    for c in chunks:
+        part = protocol.completion_logprobs(c, offset, top)
+        for key in merged:
+            merged[key] += part[key]
+        offset += len(c.text)
+    return merged
+
+
+def _usage(streams: list[RequestStream], results: list[list]) -> dict:
+    return protocol.usage(sum(len(s.prompt_token_ids) for s in streams),
+                          sum(len(c.token_ids) for chunks in results for c in chunks))
+
+
+def _sse(streams: list[RequestStream], event) -> StreamingResponse:
+    """Server-sent events of every stream's chunks as they come (``event(index, chunk)``), then
+    ``[DONE]``; a failed request sends an error event. Leaving early aborts the requests."""
+
+    async def body() -> AsyncIterator[str]:
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream):
+            async for chunk in stream:
+                await merged.put((i, chunk))
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            left = len(streams)
+            while left:
+                i, chunk = await merged.get()
+                if chunk.finished:
+                    left -= 1
+                if chunk.finish_reason == "error":
+                    yield _data(protocol.error_body(chunk.error or "the request failed", "server_error", 500))
+                    continue
+                yield _data(event(i, chunk))
+            yield "data: [DONE]\n\n"
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                await s.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"

@@ -1,0 +1,300 @@
+"""The OpenAI-compatible server (specd/serve, ``specd serve``) on tiny models: completions and
+chat completions, streamed or not, equal plain decoding's text (speculation on the server,
+none in the reference); logprobs in both layouts; concurrent requests share the engine's
+batch; a disconnecting stream aborts its request; bad requests get 400/404 with the field
+named; a request failing in the engine gets 500 (or an error event) while others go on."""
+
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi", reason="specd[serve] (FastAPI) is not installed")
+from fastapi.testclient import TestClient  # noqa: E402
+
+import specd  # noqa: E402
+from specd.serve import AsyncLLM, make_app  # noqa: E402
+from test_engine import poison_target_rows, self_draft  # noqa: E402
+from tiny_models import CODE_SNIPPET  # noqa: E402
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PROMPTS = [CODE_SNIPPET[:60], "for i in range(10):\n    print(i)\n", "def f(a, b):", "import os\n"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_llama_dir):
+    return tiny_llama_dir, self_draft(tiny_llama_dir, tmp_path_factory.mktemp("serve_draft"))
+
+
+@pytest.fixture(scope="module")
+def plain(models):
+    llm = specd.LLM(models[0])
+    llm.tokenizer.chat_template = TEMPLATE
+    return llm
+
+
+def _server_llm(models, **kw):
+    llm = specd.LLM(models[0], models[1], specd.SpeculationConfig(method="draft", num_speculative_tokens=3), **kw)
+    llm.tokenizer.chat_template = TEMPLATE
+    return llm
+
+
+@pytest.fixture(scope="module")
+def client(models):
+    engine = AsyncLLM(_server_llm(models))
+    with TestClient(make_app(engine, "tiny")) as c:
+        c.engine = engine
+        yield c
+
+
+def _greedy(plain, prompt, n, **kw):
+    return plain.generate([prompt], specd.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, **kw))[0]
+
+
+def _events(response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            events.append(line[6:] if line[6:] == "[DONE]" else json.loads(line[6:]))
+    return events
+
+
+def test_completions_equal_plain_decoding(client, plain):
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 12,
+                                             "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    want = _greedy(plain, PROMPTS[0], 12)
+    assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": 12,
+                             "total_tokens": len(want.prompt_token_ids) + 12}
+    spec = body["specd"][0]
+    assert spec["verify_steps"] >= 1 and spec["draft_tokens"] > 0 and spec["mean_accepted_length"] >= 1
+
+
+def test_several_prompts_and_token_ids(client, plain):
+    ids = plain.tokenizer(PROMPTS[2])["input_ids"]
+    r = client.post("/v1/completions", json={"prompt": [PROMPTS[1], PROMPTS[3]], "max_tokens": 8, "temperature": 0,
+                                             "ignore_eos": True})
+    assert [c["text"] for c in r.json()["choices"]] == [_greedy(plain, p, 8).text for p in (PROMPTS[1], PROMPTS[3])]
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert r.json()["choices"][0]["text"] == _greedy(plain, ids, 8).text
+
+
+def test_streamed_completion_is_the_whole_one(client, plain):
+    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0,
+                                                         "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = _events(r)
+    assert events[-1] == "[DONE]" and len(events) >= 3
+    chunks = events[:-1]
+    assert "".join(e["choices"][0]["text"] for e in chunks) == _greedy(plain, PROMPTS[1], 16).text
+    assert [e["choices"][0]["finish_reason"] for e in chunks] == [None] * (len(chunks) - 1) + ["length"]
+
+
+def test_completion_logprobs_are_plain_decodings(client, plain):
+    r = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 10, "temperature": 0,
+                                             "ignore_eos": True, "logprobs": 3})
+    lp = r.json()["choices"][0]["logprobs"]
+    want = _greedy(plain, PROMPTS[0], 10, logprobs=3)
+    assert len(lp["token_logprobs"]) == 10 and all(len(t) <= 3 for t in lp["top_logprobs"])
+    for got, token, entry in zip(lp["token_logprobs"], want.token_ids, want.logprobs):
+        assert abs(got - entry[token].logprob) < 1e-4
+    pieces = [len(p) for p in plain.tokenizer.batch_decode([[t] for t in want.token_ids])]
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"]) and len(pieces) == 10
+
+
+def test_chat_equals_plain_decoding_of_the_template(client, plain):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
+    prompt = plain.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = _greedy(plain, prompt, 10, logprobs=2)
+    body = {"messages": messages, "max_tokens": 10, "temperature": 0, "ignore_eos": True, "logprobs": True,
+            "top_logprobs": 2}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert r.json()["object"] == "chat.completion"
+    assert choice["message"] == {"role": "assistant", "content": want.text}
+    content = choice["logprobs"]["content"]
+    assert len(content) == 10 and all(len(c["top_logprobs"]) == 2 for c in content)
+    assert all(abs(c["logprob"] - e[t].logprob) < 1e-4 for c, t, e in zip(content, want.token_ids, want.logprobs))
+    with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        events = _events(r)[:-1]
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(e["choices"][0]["delta"]["content"] for e in events) == want.text
+    assert events[-1]["object"] == "chat.completion.chunk" and events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_penalties_and_seeds_reach_the_engine(client, plain):
+    body = {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "ignore_eos": True, "presence_penalty": 1.5,
+            "frequency_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"15": 3.0}, "min_tokens": 4}
+    r = client.post("/v1/completions", json=body)
+    want = _greedy(plain, PROMPTS[1], 12, presence_penalty=1.5, frequency_penalty=0.5, repetition_penalty=1.2,
+                   logit_bias={15: 3.0}, min_tokens=4)
+    assert r.json()["choices"][0]["text"] == want.text != _greedy(plain, PROMPTS[1], 12).text
+    sampled = {"prompt": PROMPTS[2], "max_tokens": 12, "temperature": 0.9, "seed": 7, "ignore_eos": True}
+    texts = {client.post("/v1/completions", json=sampled).json()["choices"][0]["text"] for _ in range(2)}
+    assert len(texts) == 1  # same seed, same text
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
+    ({"prompt": "x", "n": 2}, 400, "n must be 1"),
+    ({"prompt": "x", "echo": True}, 400, "echo is not supported"),
+    ({"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be token ids"),
+    ({"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty must be"),
+    ({"prompt": []}, 400, "prompt is empty"),
+    ({"max_tokens": 3}, 400, "invalid request body: body.prompt"),
+    ({"prompt": "x", "model": "other"}, 404, "The model `other` does not exist"),
+    ({"prompt": "x " * 5000}, 400, "does not fit the context limit"),
+])
+def test_bad_requests_are_refused_clearly(client, body, status, message):
+    r = client.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["error"]["message"]
+    assert client.engine.num_in_flight == 0  # nothing left queued
+
+
+def test_chat_errors(client, plain):
+    r = client.post("/v1/chat/completions", json={"messages": [], "max_tokens": 3})
+    assert r.status_code == 400 and "messages is empty" in r.json()["error"]["message"]
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})
+    assert r.status_code == 400 and "top_logprobs needs logprobs" in r.json()["error"]["message"]
+    template, client.engine.llm.tokenizer.chat_template = client.engine.llm.tokenizer.chat_template, None
+    try:
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
+    finally:
+        client.engine.llm.tokenizer.chat_template = template
+
+
+def test_models_health_metrics(client):
+    assert client.get("/health").status_code == 200
+    models = client.get("/v1/models").json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    m = client.get("/metrics").json()
+    assert m["requests_in_flight"] == 0 and m["steps"] > 0 and "acceptance_rate" in m
+
+
+# ---- a real server: concurrency and disconnects ----
+
+@pytest.fixture(scope="module")
+def server(models):
+    import uvicorn
+
+    engine = AsyncLLM(_server_llm(models, max_num_seqs=8))
+    config = uvicorn.Config(make_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not srv.started and time.time() < deadline:
+        time.sleep(0.05)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    yield engine, port
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+def _post(port, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = json.loads(r.read())
+    conn.close()
+    return r.status, data
+
+
+def test_concurrent_requests_share_the_batch(server, plain):
+    engine, port = server
+    before = engine.llm.metrics()
+    results = [None] * 6
+
+    def ask(i):
+        results[i] = _post(port, "/v1/completions", {"prompt": PROMPTS[i % 4], "max_tokens": 24, "temperature": 0,
+                                                     "ignore_eos": True})
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (status, body) in enumerate(results):
+        assert status == 200 and body["choices"][0]["text"] == _greedy(plain, PROMPTS[i % 4], 24).text
+    after = engine.llm.metrics()
+    steps = after["steps"] - before["steps"]
+    request_steps = after["verify_request_steps"] - before["verify_request_steps"]
+    assert request_steps > steps  # several requests per step: one batch
+
+
+def test_a_disconnecting_stream_is_aborted(server):
+    engine, port = server
+    aborted = engine.aborted
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": PROMPTS[0], "max_tokens": 2000, "temperature": 0,
+                                                        "ignore_eos": True, "stream": True}),
+                 {"Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    assert r.readline().startswith(b"data: ")  # generating
+    conn.sock.close()
+    conn.close()
+    deadline = time.time() + 30
+    while engine.num_in_flight and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.num_in_flight == 0 and engine.aborted == aborted + 1  # aborted, not run to its end
+    status, body = _post(port, "/v1/completions", {"prompt": "x", "max_tokens": 2, "temperature": 0})
+    assert status == 200  # the server goes on
+
+
+def test_a_failing_request_gets_500_and_others_go_on(models, plain, monkeypatch):
+    poison_target_rows(monkeypatch, victim_id=0, from_call=2)
+    engine = AsyncLLM(_server_llm(models))
+    with TestClient(make_app(engine, "tiny")) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0,
+                                            "ignore_eos": True})
+        assert r.status_code == 500 and "request 0" in r.json()["error"]["message"]
+        ok = c.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 6, "temperature": 0,
+                                             "ignore_eos": True})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == _greedy(plain, PROMPTS[1], 6).text
+    engine = AsyncLLM(_server_llm(models))  # request 0 again: poisoned from its first verify on
+    with TestClient(make_app(engine, "tiny")) as c:
+        with c.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 12, "stream": True}) as r:
+            events = _events(r)
+        assert events[-1] == "[DONE]" and "request 0" in events[-2]["error"]["message"]
+        assert c.get("/metrics").json()["requests_in_flight"] == 0
+
+
+def test_specd_serve_command(models, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    target, draft = models
+    proc = subprocess.Popen([sys.executable, "-m", "specd.cli", "serve", "--target", str(target), "--draft", str(draft),
+                             "--dtype", "float32", "--port", str(port), "--served-model-name", "tiny"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        status, body = _post(port, "/v1/completions", {"model": "tiny", "prompt": "def f(x):", "max_tokens": 5,
+                                                       "temperature": 0})
+        assert status == 200 and body["usage"]["completion_tokens"] <= 5
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=30)[1]
+    assert "serving `tiny`" in err and "policy goodput" in err
