@@ -16,9 +16,8 @@ import specd
 from specd.engine.logits_processors import PenaltyState, apply_logits_processors
 from specd.engine.request import Request
 from specd.errors import InvalidArgumentError
-from test_engine import self_draft
-from test_logprobs import _check_against_hf
-from tiny_models import CODE_SNIPPET, load_hf_model
+from test_logprobs import _check_against_hf, setup  # noqa: F401 (setup: a fixture)
+from tiny_models import load_hf_model
 
 EOS = 0
 
@@ -121,15 +120,7 @@ def test_penalty_state_follows_outputs_across_steps_and_reuses_slots():
 
 # ---- greedy through the engine ----
 
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory, tiny_llama_dir):
-    draft = self_draft(tiny_llama_dir, tmp_path_factory.mktemp("processors_self_draft"))
-    plain = specd.LLM(tiny_llama_dir)
-    tok = plain.tokenizer
-    prompts = [tok(t)["input_ids"] for t in (CODE_SNIPPET[:80], "for i in range(10):\n    print(i)\n" * 2,
-                                             "def f(a, b):", CODE_SNIPPET)]
-    return tiny_llama_dir, draft, plain, prompts
-
+# ``setup`` (the fixture of test_logprobs.py, imported): target, self-draft, plain LLM, prompts
 
 def _hf_greedy(hf, prompt, max_tokens, **kw):
     hf.generation_config.eos_token_id = None if "min_new_tokens" not in kw else EOS
