@@ -130,6 +130,33 @@ def test_chat_equals_plain_decoding_of_the_template(client, plain):
     assert events[-1]["object"] == "chat.completion.chunk" and events[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_n_choices_per_prompt(client, models):
+    """Choice i * n + j is prompt i's j-th; with a seed, choice j samples with seed + j (as
+    an LLM of the server's configuration does with that seed, alone)."""
+    body = {"prompt": [PROMPTS[1], PROMPTS[2]], "max_tokens": 10, "temperature": 1.0, "seed": 11, "n": 3,
+            "ignore_eos": True}
+    choices = client.post("/v1/completions", json=body).json()["choices"]
+    assert [c["index"] for c in choices] == list(range(6))
+    alone = _server_llm(models)
+    for i, prompt in enumerate((PROMPTS[1], PROMPTS[2])):
+        for j in range(3):
+            want = alone.generate([prompt], specd.SamplingParams(temperature=1.0, max_tokens=10, seed=11 + j,
+                                                                 ignore_eos=True))[0].text
+            assert choices[i * 3 + j]["text"] == want
+    assert len({c["text"] for c in choices[:3]}) == 3  # distinct samples
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 1.0, "n": 2,
+            "seed": 5, "ignore_eos": True}
+    r = client.post("/v1/chat/completions", json=chat).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1] and len(r["specd"]) == 2
+    assert r["usage"]["completion_tokens"] == 12
+    with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as s:
+        events = _events(s)[:-1]
+    for i in (0, 1):
+        mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == i]
+        assert mine[0]["delta"]["role"] == "assistant" and all("role" not in c["delta"] for c in mine[1:])
+        assert "".join(c["delta"]["content"] for c in mine) == r["choices"][i]["message"]["content"]
+
+
 def test_penalties_and_seeds_reach_the_engine(client, plain):
     body = {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "ignore_eos": True, "presence_penalty": 1.5,
             "frequency_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"15": 3.0}, "min_tokens": 4}
@@ -144,7 +171,8 @@ def test_penalties_and_seeds_reach_the_engine(client, plain):
 
 @pytest.mark.parametrize("body,status,message", [
     ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
-    ({"prompt": "x", "n": 2}, 400, "n must be 1"),
+    ({"prompt": "x", "n": 17}, 400, "n must be an int in [1, 16]"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of is not supported"),
     ({"prompt": "x", "echo": True}, 400, "echo is not supported"),
     ({"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be token ids"),
     ({"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty must be"),

@@ -81,7 +81,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
         if wrong is not None:
             return wrong
         params = body.params(default_max_tokens=16)
-        streams = await _add_all(engine, body.prompts(), params)
+        streams = await _add_all(engine, [(p, c) for p in body.prompts() for c in protocol.choice_params(params, body.n)])
         rid, now = protocol.new_id("cmpl"), protocol.created()
         top = params.logprobs or 0
         if body.stream:
@@ -115,37 +115,39 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidArgumentError(f"the model `{model_name}` has no chat template: use /v1/completions")
         prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
-        streams = await _add_all(engine, [prompt], params)
+        streams = await _add_all(engine, [(prompt, c) for c in protocol.choice_params(params, body.n)])
         rid, now = protocol.new_id("chatcmpl"), protocol.created()
         top = params.logprobs or 0
         if body.stream:
-            first = [True]
+            started = set()
 
             def event(i: int, chunk) -> dict:
-                delta = {"role": "assistant", "content": chunk.text} if first[0] else {"content": chunk.text}
-                first[0] = False
+                delta = {"content": chunk.text} if i in started else {"role": "assistant", "content": chunk.text}
+                started.add(i)
                 choice = {"index": i, "delta": delta, "finish_reason": chunk.finish_reason if chunk.finished else None,
                           "logprobs": protocol.chat_logprobs(chunk, top)}
                 return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                         "choices": [choice]}
             return _sse(streams, event)
-        (chunks,) = await _collect_all(streams)
-        logprobs = None
-        if params.logprobs is not None:
-            logprobs = {"content": [c for ch in chunks for c in protocol.chat_logprobs(ch, top)["content"]]}
-        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(c.text for c in chunks)},
-                  "finish_reason": chunks[-1].finish_reason, "logprobs": logprobs}
-        return {"id": rid, "object": "chat.completion", "created": now, "model": model_name, "choices": [choice],
-                "usage": _usage(streams, [chunks]), "specd": [protocol.speculation(chunks[-1].metrics)]}
+        results = await _collect_all(streams)
+        choices = []
+        for i, chunks in enumerate(results):
+            logprobs = None
+            if params.logprobs is not None:
+                logprobs = {"content": [c for ch in chunks for c in protocol.chat_logprobs(ch, top)["content"]]}
+            choices.append({"index": i, "message": {"role": "assistant", "content": "".join(c.text for c in chunks)},
+                            "finish_reason": chunks[-1].finish_reason, "logprobs": logprobs})
+        return {"id": rid, "object": "chat.completion", "created": now, "model": model_name, "choices": choices,
+                "usage": _usage(streams, results), "specd": [protocol.speculation(c[-1].metrics) for c in results]}
 
     return app
 
 
-async def _add_all(engine: AsyncLLM, prompts: list, params) -> list[RequestStream]:
-    """Every prompt's request, or none: a rejected one aborts those already added."""
+async def _add_all(engine: AsyncLLM, requests: list[tuple]) -> list[RequestStream]:
+    """Every (prompt, params)'s request, or none: a rejected one aborts those already added."""
     streams: list[RequestStream] = []
     try:
-        for prompt in prompts:
+        for prompt, params in requests:
             streams.append(await engine.add(prompt, params))
     except BaseException:
         for s in streams:

@@ -4,8 +4,10 @@ they become: SamplingParams, and the response and stream-chunk objects.
 Rules:
 - Fields follow OpenAI's API, with vLLM's extra sampling fields (top_k, min_p, min_tokens,
   repetition_penalty, ignore_eos, stop_token_ids). Unknown fields are ignored, as vLLM
-  does; fields that would change the result and are not supported (n or best_of above 1,
-  echo, suffix) are refused with a message naming them.
+  does; fields that would change the result and are not supported (best_of above 1, echo,
+  suffix) are refused with a message naming them.
+- ``n``: that many choices per prompt (each its own request in the batch; with a seed,
+  choice j samples with seed + j). Choice ``i * n + j`` is prompt i's j-th.
 - Values are checked by SamplingParams (the message names the field).
 - ``logit_bias`` keys are token ids written as strings (OpenAI's form).
 - Completions ``logprobs: n`` and chat ``logprobs: true`` with ``top_logprobs: n`` return the
@@ -17,6 +19,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Any, Optional, Union
@@ -26,6 +29,18 @@ from pydantic import BaseModel, ConfigDict
 from specd.engine.outputs import RequestMetrics, StreamChunk
 from specd.engine.params import SamplingParams
 from specd.errors import InvalidArgumentError
+
+
+MAX_N = 16  # completions per prompt at most
+
+
+def choice_params(params: SamplingParams, n: Optional[int]) -> list[SamplingParams]:
+    """The parameters of each of a prompt's ``n`` choices: with a seed, choice j gets seed + j
+    (distinct samples, reproducible); without, each request draws its own stream."""
+    n = n or 1
+    if params.seed is None or n == 1:
+        return [params] * n
+    return [dataclasses.replace(params, seed=(params.seed + j) % 2**64) for j in range(n)]
 
 
 class _Sampling(BaseModel):
@@ -54,8 +69,8 @@ class _Sampling(BaseModel):
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], default_max_tokens: int
                         ) -> SamplingParams:
-        if self.n not in (None, 1):
-            raise InvalidArgumentError(f"n must be 1 (one completion per prompt), got {self.n}")
+        if self.n is not None and not (isinstance(self.n, int) and 1 <= self.n <= MAX_N):
+            raise InvalidArgumentError(f"n must be an int in [1, {MAX_N}], got {self.n}")
         bias = None
         if self.logit_bias:
             try:
