@@ -291,3 +291,39 @@ def test_gpu_processed_speculation_equals_the_cpu(setup):
     llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=4),
                     dtype="float32", device="cuda")
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
+
+
+@pytest.mark.parametrize("method", ["draft+suffix", "draft"])
+def test_processors_and_logprobs_survive_preemption_and_chunked_prefill(setup, method):
+    """A pool too small for the batch (requests preempted and recomputed), 16 tokens per step
+    (prompts prefilled in chunks), random processors and logprobs per request, the goodput
+    policy choosing k and proposer: every output, and its logprobs, equal plain decoding's,
+    and every KV page and penalty row is released at the end."""
+    target, draft, plain, prompts = setup
+    rng = np.random.default_rng(5)
+    params = []
+    for i in range(8):
+        kw = {}
+        if rng.random() < 0.7:
+            kw.update(presence_penalty=float(rng.uniform(-0.5, 1)), frequency_penalty=float(rng.uniform(-0.5, 1)))
+        if rng.random() < 0.5:
+            kw.update(repetition_penalty=float(rng.uniform(0.8, 1.5)))
+        if rng.random() < 0.5:
+            kw.update(logit_bias={int(t): float(rng.uniform(-3, 3)) for t in rng.integers(0, 300, 3)})
+        if rng.random() < 0.5:
+            kw.update(min_tokens=int(rng.integers(1, 30)))
+        params.append(specd.SamplingParams(temperature=0.0, max_tokens=30, logprobs=int(rng.integers(0, 3)), **kw))
+    batch = [prompts[i % len(prompts)][: 3 + 11 * i] for i in range(8)]
+    want = [plain.generate([p], sp)[0] for p, sp in zip(batch, params)]
+    probe = specd.LLM(target, draft, specd.SpeculationConfig(method=method, num_speculative_tokens="auto"), block_size=4)
+    one = sum(probe.pool.blocks.pages_for_tokens(80 + 30 + 9, model=m) for m in (0, 1))
+    llm = specd.LLM(target, draft, specd.SpeculationConfig(method=method, num_speculative_tokens="auto"),
+                    num_kv_pages=one + 8, block_size=4, max_num_batched_tokens=16)
+    outs = llm.generate(batch, params)
+    assert sum(o.metrics.preemptions for o in outs) > 0, "the pool was not small enough to preempt"
+    for got, w in zip(outs, want):
+        assert got.token_ids == w.token_ids and got.finish_reason == w.finish_reason
+        for a, b in zip(got.logprobs, w.logprobs):
+            assert set(a) == set(b) and all(abs(a[t].logprob - b[t].logprob) < 1e-4 for t in a)
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages
+    assert llm.engine.processors._penalties is None or llm.engine.processors._penalties.slots == {}
