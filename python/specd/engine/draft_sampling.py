@@ -22,6 +22,7 @@ import torch
 from specd.engine.params import SamplingParams
 from specd.engine.torch_sampling import DRAFT_STREAM
 from specd.ops import host_call
+from specd.uploads import to_device
 
 _WORD = 0xFFFFFFFF
 
@@ -49,8 +50,8 @@ def pack_params(params: Sequence[SamplingParams], device: torch.device,
     rows = [words(p) for p in params]
     floats = torch.tensor([[w[0], w[2], w[3]] for w in rows], dtype=torch.float64)
     top_k = torch.tensor([int(w[1]) for w in rows], dtype=torch.int64)
-    return torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
-                        floats[:, 2].view(torch.int64)], dim=1).to(device)
+    return to_device(torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
+                                  floats[:, 2].view(torch.int64)], dim=1), device)
 
 
 def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requests: Sequence[int],
@@ -58,7 +59,7 @@ def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requ
     """Packed params int64 ``[m, 4]`` and keys int64 ``[m, 3]`` of m draft rows, on ``device``."""
     keys = torch.tensor([[*key_words(s, r), pos & _WORD] for s, r, pos in zip(seeds, requests, positions)],
                         dtype=torch.int64)
-    return pack_params(params, device), keys.to(device)
+    return pack_params(params, device), to_device(keys, device)
 
 
 def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,

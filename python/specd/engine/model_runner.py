@@ -30,7 +30,7 @@ from specd.models.attention import AttentionMetadata
 from specd.models.kernel_attention import DeviceAttentionMetadata, kernel_attention_for
 from specd.models.kernel_choice import kernels_of
 from specd.models.llama import LlamaModel
-from specd.uploads import upload_packed
+from specd.uploads import to_device, upload_packed
 from specd.verification import TokenTree
 
 
@@ -324,7 +324,7 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
             reqs = [items[active[row]].request for row in rows]
             params, keys = pack_draft_rows([r.params for r in reqs], [r.rng_seed for r in reqs],
                                            [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
-            index = torch.tensor(rows, dtype=torch.int64).to(device)
+            index = to_device(torch.tensor(rows, dtype=torch.int64), device)
             kernels = kernels_of(model)
             drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys,
                                              cluster=kernels.cluster_rows, gumbel=kernels.draw == "gumbel")
