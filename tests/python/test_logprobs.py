@@ -213,3 +213,59 @@ def test_gpu_logprobs_through_the_graph_runners_equal_the_cpus(setup, dtype, tol
                 _assert_close(eg, ew, tol)
             else:
                 assert abs(eg[token].logprob - ew[token].logprob) <= tol
+
+
+# ---- prompt logprobs ----
+
+def _check_prompt_against_hf(hf, prompt: list[int], got, top: int) -> None:
+    with torch.no_grad():
+        rows = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].double(), dim=-1)
+    assert got[0] is None and len(got) == len(prompt)
+    for j in range(1, len(prompt)):
+        entry = got[j]
+        assert prompt[j] in entry and len(entry) in (top, top + 1)
+        for t, lp in entry.items():
+            assert abs(lp.logprob - float(rows[j - 1, t])) <= TOL, (j, t, lp)
+            assert lp.rank == 1 + int((rows[j - 1] > rows[j - 1, t] + 1e-6).sum()), (j, t, lp)
+        assert all(lp.decoded_token is not None for lp in entry.values())
+
+
+@pytest.mark.parametrize("case", ["one forward", "chunked prefill", "speculation", "preemption"])
+def test_prompt_logprobs_are_the_targets_log_softmax(setup, case):
+    """Whatever the prefill's chunks (7 tokens per step), speculation or a preemption
+    (prefill recomputed: nothing recorded twice), every prompt token after the first gets the
+    target's log-softmax of the row before it; requests without prompt_logprobs in the same
+    batch, and the generated tokens, are unchanged."""
+    target, draft, plain, prompts = setup
+    hf = load_hf_model(target)
+    kw = {"one forward": {}, "chunked prefill": dict(max_num_batched_tokens=7)}.get(case, {})
+    spec = None
+    if case in ("speculation", "preemption"):
+        spec = specd.SpeculationConfig(method="draft", num_speculative_tokens=3)
+    batch = prompts
+    if case == "preemption":
+        batch = [p[:12 + 9 * i] for i, p in enumerate(prompts * 2)]
+        probe = specd.LLM(target, draft, spec, block_size=4)
+        one = sum(probe.pool.blocks.pages_for_tokens(60 + 40 + 4, model=m) for m in (0, 1))
+        kw = dict(num_kv_pages=one + 6, block_size=4)
+    llm = specd.LLM(target, draft if spec else None, spec, **kw)
+    asked = [specd.SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True,
+                                  prompt_logprobs=None if i % 3 == 1 else i % 3 + 1) for i in range(len(batch))]
+    outs = llm.generate(batch, asked)
+    if case == "preemption":
+        assert sum(o.metrics.preemptions for o in outs) > 0, "the pool was not small enough to preempt"
+    want = plain.generate(batch, specd.SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    for prompt, out, w, params in zip(batch, outs, want, asked):
+        assert out.token_ids == w.token_ids
+        if params.prompt_logprobs is None:
+            assert out.prompt_logprobs is None
+        else:
+            _check_prompt_against_hf(hf, prompt, out.prompt_logprobs, params.prompt_logprobs)
+
+
+def test_a_one_token_prompt_has_one_empty_entry(setup):
+    target, _, plain, _ = setup
+    out = plain.generate([[17]], specd.SamplingParams(max_tokens=2, prompt_logprobs=3))[0]
+    assert out.prompt_logprobs == [None]
+    with pytest.raises(InvalidArgumentError, match="prompt_logprobs must be None or an int in \\[0, 20\\]"):
+        specd.SamplingParams(prompt_logprobs=21)

@@ -109,6 +109,32 @@ def test_completion_logprobs_are_plain_decodings(client, plain):
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"]) and len(pieces) == 10
 
 
+def test_echo_scores_the_prompt(client, plain):
+    """echo + logprobs + max_tokens 0 (an evaluation harness's loglikelihood request): the
+    prompt's text and its tokens' logprobs, nothing generated; with max_tokens > 0 the
+    completion follows."""
+    ids = plain.tokenizer(PROMPTS[0])["input_ids"]
+    want = plain.generate([PROMPTS[0]], specd.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True,
+                                                             prompt_logprobs=1, logprobs=1))[0]
+    r = client.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 0, "echo": True, "logprobs": 1,
+                                             "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["text"] == PROMPTS[0] and r.json()["usage"]["completion_tokens"] == 0
+    lp = choice["logprobs"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None and len(lp["tokens"]) == len(ids)
+    for j in range(1, len(ids)):
+        assert abs(lp["token_logprobs"][j] - want.prompt_logprobs[j][ids[j]].logprob) < 1e-4
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    r = client.post("/v1/completions", json={"prompt": ids, "max_tokens": 5, "echo": True, "logprobs": 1,
+                                             "temperature": 0, "ignore_eos": True})
+    choice = r.json()["choices"][0]
+    assert choice["text"] == plain.tokenizer.decode(ids) + want.text
+    assert len(choice["logprobs"]["tokens"]) == len(ids) + 5
+    tail = choice["logprobs"]["token_logprobs"][len(ids):]
+    assert all(abs(a - e[t].logprob) < 1e-4 for a, t, e in zip(tail, want.token_ids, want.logprobs))
+
+
 def test_chat_equals_plain_decoding_of_the_template(client, plain):
     messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]
     prompt = plain.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -173,7 +199,7 @@ def test_penalties_and_seeds_reach_the_engine(client, plain):
     ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
     ({"prompt": "x", "n": 17}, 400, "n must be an int in [1, 16]"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of is not supported"),
-    ({"prompt": "x", "echo": True}, 400, "echo is not supported"),
+    ({"prompt": "x", "echo": True, "stream": True}, 400, "echo with stream is not supported"),
     ({"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be token ids"),
     ({"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty must be"),
     ({"prompt": []}, 400, "prompt is empty"),

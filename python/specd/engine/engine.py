@@ -27,6 +27,7 @@ from specd.errors import InvalidArgumentError
 from specd.models.kernel_choice import kernels_of
 from specd.kv_cache import KVCachePool
 from specd.models.llama import LlamaModel
+from specd.uploads import upload_packed
 from specd.verification import TokenTree, VerifyOutput
 
 
@@ -154,6 +155,7 @@ class Engine:
         keys = sum(_target_keys(it, trees) for it in items) if getattr(self.timer, "synthetic", True) else None
         logits = self._timed_forward("target", tokens, lambda: model_runner.run_target(
             self.target, self.pool, items, trees, graph=self.target_graph, drafts=drafts), keys)
+        logits = _take_prompt_rows(items, trees, logits)
         finished = []
         self._emitted = 0
         target_kernels = kernels_of(self.target)
@@ -461,6 +463,40 @@ def _count_depths(counts: list[int], n: int) -> None:
         counts.extend([0] * (n - len(counts)))
     for d in range(n):
         counts[d] += 1
+
+
+def _take_prompt_rows(items: list[WorkItem], trees: dict[int, TokenTree], logits: torch.Tensor) -> torch.Tensor:
+    """Records the prompt logprobs of the prefix chunks that returned their rows (requests that
+    want them: ``Request.wants_prompt_rows``, model_runner.target_segment) and returns the
+    trees' rows alone, in item order; ``logits`` itself when no chunk returned rows.
+
+    The row of position q predicts token q + 1: a chunk of positions [c, c + n) gives the
+    logprobs of prompt tokens c + 1 .. c + n (the last prompt token's comes from the end of
+    prefill, before the first verify), each recorded once (a recomputed chunk after a
+    preemption adds nothing)."""
+    if not any(it.num_prefix and it.request.wants_prompt_rows for it in items):
+        return logits
+    keep, asks, owners, row = [], [], [], 0
+    for it in items:
+        req = it.request
+        n = it.num_prefix if it.num_prefix and req.wants_prompt_rows else 0
+        if n:
+            c, have = req.computed[TARGET], len(req.prompt_logprobs)
+            first, end = max(c, have - 1), min(c + n, len(req.prompt_ids) - 1)  # positions [first, end)
+            if c <= have - 1 < end:
+                asks.append(RowRequest(np.arange(row + first - c, row + end - c),
+                                       np.asarray(req.tokens[first + 1:end + 1], dtype=np.int64),
+                                       req.params.prompt_logprobs))
+                owners.append(req)
+            row += n
+        if it.decide:
+            size = len(trees[req.id])
+            keep.append(np.arange(row, row + size))
+            row += size
+    for req, entries in zip(owners, gather_logprobs(logits, asks)):
+        req.prompt_logprobs.extend(entries)
+    (index,) = upload_packed(logits.device, [np.concatenate(keep) if keep else np.empty(0, dtype=np.int64)])
+    return logits.index_select(0, index)
 
 
 def _row_starts(deciding: list[WorkItem], trees: dict[int, TokenTree]) -> dict[int, int]:

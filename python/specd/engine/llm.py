@@ -463,7 +463,7 @@ def _next_chunk(req: Request) -> Optional[StreamChunk]:
     req.stream_sent = (len(req.text), len(req.output_ids))
     return StreamChunk(req.id, req.text[chars:], req.output_ids[toks:], req.finished, req.finish_reason,
                        req.accepted_flags[toks:], pieces[toks:], req.metrics if req.finished else None,
-                       req.error, req.logprobs_from(toks))
+                       req.error, req.logprobs_from(toks), req.decoded_prompt_logprobs() if toks == 0 else None)
 
 
 def _set_fused_layers(fused_layers: Optional[bool], *models) -> None:

@@ -168,11 +168,13 @@ def target_segment(item: WorkItem, tree: Optional[TokenTree], windowed: bool) ->
     ids = tokens[c:c + n]
     positions = list(range(c, c + n))
     mask, key_positions, logits_from = None, None, None
+    if req.wants_prompt_rows and n:  # the prefix's rows too, first (prompt logprobs)
+        logits_from = 0
     if item.decide:
         ids = ids + tree.tokens.tolist()
         last = req.length - 1
         positions += (last + tree.depths).tolist()
-        logits_from = n
+        logits_from = 0 if logits_from == 0 else n
         if not tree.is_chain:
             size = len(tree)
             mask = torch.ones(n + size, n + size, dtype=torch.bool).tril()
@@ -246,6 +248,8 @@ def graph_takes(graph, model: LlamaModel, pool: KVCachePool, items: list[WorkIte
 def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
                trees: dict[int, TokenTree], graph=None, drafts: Optional[DeviceDrafts] = None) -> torch.Tensor:
     """Float32 logits of every deciding item's tree nodes, in item order ``[sum of sizes, vocab]``.
+    An item whose request still wants prompt logprobs (``Request.wants_prompt_rows``) has its
+    prefix chunk's rows first in its span (the engine takes them out: prompt_rows).
 
     ``graph``: a TargetGraphRunner (engine/target_graph.py) that runs pure verify steps (no
     prefill chunk in the batch) over fixed-shape buffers (a CUDA graph replay on GPUs); the

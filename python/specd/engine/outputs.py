@@ -75,6 +75,8 @@ class RequestOutput:
     # token and the top ones; engine/logprobs.py), and the chosen tokens' sum. Else None.
     logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None
+    # With SamplingParams.prompt_logprobs: per prompt token, as logprobs (the first: None).
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
 
 
 @dataclass
@@ -91,3 +93,5 @@ class StreamChunk:
     metrics: Optional[RequestMetrics] = None             # on the final chunk
     error: Optional[str] = None                          # on a final chunk with finish_reason "error"
     logprobs: Optional[list[TokenLogprobs]] = None       # per new token, with SamplingParams.logprobs
+    # On a request's first chunk, with SamplingParams.prompt_logprobs: per prompt token (the first: None).
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None

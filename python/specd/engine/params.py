@@ -29,7 +29,8 @@ class SamplingParams:
     logprobs: None = none; n in [0, 20] = per generated token, its log-probability and the n
     most likely tokens' under the target's raw distribution (log-softmax of its logits,
     before temperature and the cuts; engine/logprobs.py has the rules), in
-    ``RequestOutput.logprobs`` and ``StreamChunk.logprobs``.
+    ``RequestOutput.logprobs`` and ``StreamChunk.logprobs``. prompt_logprobs: the same for
+    each prompt token after the first (``RequestOutput.prompt_logprobs``, first entry None).
 
     Logits processors (vLLM's semantics; engine/logits_processors.py has the rules; they
     change the target distribution that greedy and sampled decoding, speculative or not,
@@ -50,6 +51,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: Optional[int] = None
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     min_tokens: int = 0
     logit_bias: Optional[dict[int, float]] = None
     repetition_penalty: float = 1.0
@@ -75,6 +77,10 @@ class SamplingParams:
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
                                          and 0 <= self.logprobs <= MAX_LOGPROBS),
                "logprobs", self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
+        _check(self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int)
+                                                and not isinstance(self.prompt_logprobs, bool)
+                                                and 0 <= self.prompt_logprobs <= MAX_LOGPROBS),
+               "prompt_logprobs", self.prompt_logprobs, f"None or an int in [0, {MAX_LOGPROBS}]")
         _check(isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool)
                and 0 <= self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens, "an int in [0, max_tokens]")
         _check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and all(

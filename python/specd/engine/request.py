@@ -91,6 +91,9 @@ class Request:
     # Per output token, with SamplingParams.logprobs (else None): engine/logprobs.py.
     logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None
+    # Per prompt token, with SamplingParams.prompt_logprobs: None for the first, then filled
+    # in order as prefill chunks compute their rows (complete once it has a prompt's length).
+    prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
     # Text (see ``text``): the first ``_decoded`` output tokens' text, and the first
     # ``_pieced`` tokens' pieces (``_pieced`` <= ``_decoded``).
     _text: str = field(default="", repr=False)
@@ -103,6 +106,13 @@ class Request:
         self._tokens = self.prompt_ids + self.output_ids
         if self.params.logprobs is not None and self.logprobs is None:
             self.logprobs, self.cumulative_logprob = [], 0.0
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [None]
+
+    @property
+    def wants_prompt_rows(self) -> bool:
+        """Whether some prompt token still lacks its logprobs (prefill must return its rows)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids)
 
     @property
     def tokens(self) -> list[int]:
@@ -224,4 +234,11 @@ class Request:
     def output(self) -> RequestOutput:
         return RequestOutput(self.id, self.prompt, list(self.prompt_ids), self.text, list(self.output_ids),
                              self.finish_reason or "", self.metrics, self.error, self.logprobs_from(0),
-                             self.cumulative_logprob)
+                             self.cumulative_logprob, self.decoded_prompt_logprobs())
+
+    def decoded_prompt_logprobs(self) -> Optional[list[Optional[TokenLogprobs]]]:
+        """``prompt_logprobs`` with their tokens' text decoded (None when not asked for)."""
+        if self.prompt_logprobs is None:
+            return None
+        tokenizer = self.detokenizer.tokenizer if self.detokenizer else None
+        return [None] + decode_tokens(self.prompt_logprobs[1:], tokenizer)

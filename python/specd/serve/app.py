@@ -13,6 +13,7 @@ fails in the engine (a streaming response then sends an error event before ``[DO
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Optional
@@ -81,7 +82,9 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
         if wrong is not None:
             return wrong
         params = body.params(default_max_tokens=16)
-        streams = await _add_all(engine, [(p, c) for p in body.prompts() for c in protocol.choice_params(params, body.n)])
+        n = body.n or 1
+        prompts = body.prompts()
+        streams = await _add_all(engine, [(p, c) for p in prompts for c in protocol.choice_params(params, n)])
         rid, now = protocol.new_id("cmpl"), protocol.created()
         top = params.logprobs or 0
         if body.stream:
@@ -95,10 +98,23 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                         "choices": [choice]}
             return _sse(streams, event)
         results = await _collect_all(streams)
+        if body.scores_only:  # the one generated token is dropped
+            results = [[dataclasses.replace(c, text="", token_ids=[], pieces=[], accepted=[],
+                                            logprobs=None if c.logprobs is None else []) for c in chunks]
+                       for chunks in results]
         choices, spec = [], []
         for i, (stream, chunks) in enumerate(zip(streams, results)):
             text = "".join(c.text for c in chunks)
             merged = _merge_logprobs(chunks, top)
+            if body.echo:
+                prompt = prompts[i // n]
+                echoed = prompt if isinstance(prompt, str) else llm.tokenizer.decode(stream.prompt_token_ids)
+                text = echoed + text
+                if merged is not None:
+                    head = protocol.prompt_completion_logprobs(stream.prompt_token_ids, chunks[0].prompt_logprobs,
+                                                               llm.tokenizer, top)
+                    merged["text_offset"] = [o + len(echoed) for o in merged["text_offset"]]
+                    merged = {key: head[key] + merged[key] for key in head}
             choices.append({"index": i, "text": text, "finish_reason": chunks[-1].finish_reason,
                             "logprobs": merged})
             spec.append(protocol.speculation(chunks[-1].metrics))

@@ -4,8 +4,11 @@ they become: SamplingParams, and the response and stream-chunk objects.
 Rules:
 - Fields follow OpenAI's API, with vLLM's extra sampling fields (top_k, min_p, min_tokens,
   repetition_penalty, ignore_eos, stop_token_ids). Unknown fields are ignored, as vLLM
-  does; fields that would change the result and are not supported (best_of above 1, echo,
-  suffix) are refused with a message naming them.
+  does; fields that would change the result and are not supported (best_of above 1,
+  suffix, echo with stream) are refused with a message naming them.
+- ``echo``: the prompt's text before the completion's, and with ``logprobs`` the prompt
+  tokens' logprobs first (the first token's None: SamplingParams.prompt_logprobs);
+  ``max_tokens: 0`` with echo scores the prompt alone (what evaluation harnesses send).
 - ``n``: that many choices per prompt (each its own request in the batch; with a seed,
   choice j samples with seed + j). Choice ``i * n + j`` is prompt i's j-th.
 - Values are checked by SamplingParams (the message names the field).
@@ -104,12 +107,21 @@ class CompletionRequest(_Sampling):
             raise InvalidArgumentError("prompt is empty")
         return list(p)
 
+    @property
+    def scores_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the prompt and its logprobs, nothing generated (one
+        token is generated and dropped)."""
+        return self.echo and self.max_tokens == 0
+
     def params(self, default_max_tokens: int) -> SamplingParams:
-        for name, bad in (("echo", self.echo), ("suffix", self.suffix is not None),
-                          ("best_of", self.best_of not in (None, 1))):
+        for name, bad in (("suffix", self.suffix is not None), ("best_of", self.best_of not in (None, 1)),
+                          ("echo with stream", self.echo and self.stream)):
             if bad:
                 raise InvalidArgumentError(f"{name} is not supported")
-        return self.sampling_params(self.max_tokens, self.logprobs, default_max_tokens)
+        params = self.sampling_params(1 if self.scores_only else self.max_tokens, self.logprobs, default_max_tokens)
+        if self.echo and self.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
 
 class ChatMessage(BaseModel):
@@ -181,6 +193,21 @@ def completion_logprobs(chunk: StreamChunk, offset: int, top: int) -> Optional[d
         out["top_logprobs"].append({lp.decoded_token: lp.logprob for _, lp in _ranked(entry)[:top]})
         out["text_offset"].append(offset)
         offset += len(piece)
+    return out
+
+
+def prompt_completion_logprobs(prompt_ids: list[int], entries: list, tokenizer, top: int) -> dict:
+    """The legacy completions layout of a prompt's logprobs (echo): the first token has none."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for j, token in enumerate(prompt_ids):
+        entry = entries[j] if j < len(entries) else None
+        text = entry[token].decoded_token if entry else (tokenizer.decode([token]) if tokenizer else "")
+        out["tokens"].append(text)
+        out["token_logprobs"].append(entry[token].logprob if entry else None)
+        out["top_logprobs"].append({lp.decoded_token: lp.logprob for _, lp in _ranked(entry)[:top]} if entry else None)
+        out["text_offset"].append(offset)
+        offset += len(text)
     return out
 
 
