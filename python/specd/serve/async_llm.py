@@ -125,17 +125,21 @@ class AsyncLLM:
         except Exception as e:  # the step failed: end every request in flight with its reason
             self._fail_all(f"engine step failed: {type(e).__name__}: {e}")
             return
-        for chunk in chunks:
-            self._deliver(chunk)
+        self._deliver(chunks)
 
-    def _deliver(self, chunk: StreamChunk) -> None:
-        target = self._streams.get(chunk.request_id)
-        if target is None:
-            return
-        if chunk.finished:
-            del self._streams[chunk.request_id]
-        loop, chunks = target
-        loop.call_soon_threadsafe(chunks.put_nowait, chunk)
+    def _deliver(self, chunks: list[StreamChunk]) -> None:
+        """Hands the chunks to their streams: one wake-up per event loop for the whole step."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for chunk in chunks:
+            target = self._streams.get(chunk.request_id)
+            if target is None:
+                continue
+            if chunk.finished:
+                del self._streams[chunk.request_id]
+            loop, queue_ = target
+            by_loop.setdefault(loop, []).append((queue_, chunk))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def _fail_all(self, message: str) -> None:
         for rid in list(self._streams):
@@ -143,11 +147,16 @@ class AsyncLLM:
                 self.llm.abort_request(rid)
             except Exception:  # already ended
                 pass
-            self._deliver(StreamChunk(rid, "", [], True, "error", error=message))
+            self._deliver([StreamChunk(rid, "", [], True, "error", error=message)])
         try:
             self.llm.step()  # drains the aborted requests' final chunks (dropped: already failed)
         except Exception:
             pass
+
+
+def _put_all(items: list) -> None:
+    for chunks, chunk in items:
+        chunks.put_nowait(chunk)
 
 
 def _settle(future: asyncio.Future, result, error: Optional[BaseException]) -> None:
