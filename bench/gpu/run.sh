@@ -26,7 +26,8 @@
 #                      model), then bench_draft_loop.py --quick --tree-width 4: draft-model
 #                      trees grown by the host loop vs the tree runner (draft_tree_graph.py),
 #                      eager and captured; JSON in $OUT/tree/
-#   5b sampled (opt-in: --stages "... sampled") bench/verify_totals.py --device cuda (stochastic
+#   5b sampled (opt-in: --stages "... sampled") bench/logits_processors_cost.py --device cuda
+#                      (penalised rows, every column vs the changeable ones), bench/verify_totals.py --device cuda (stochastic
 #                      verification with / without the rows' totals, all and half the chains
 #                      accepted), bench/verify_logits.py --device cuda (the step's sampled
 #                      verification from bfloat16 logits vs sampling_probs + verify_stochastic,
@@ -206,6 +207,8 @@ if [[ " $STAGES " == *" tree "* ]]; then  # opt-in: draft-model trees, host loop
 fi
 
 if [[ " $STAGES " == *" sampled "* ]]; then  # opt-in: the draft loop with sampled requests
+  stage logits_processors bench 60 "$PYTHON" "$ROOT/bench/logits_processors_cost.py" --device cuda
+  grep -A4 "^SYNTHETIC penalised requests" "$OUT_DIR/bench.log" | tail -5 | tee -a "$SUMMARY"
   budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 120 ] && budget=120
   if [ "$budget" -ge 30 ]; then
     stage verify_totals bench 60 "$PYTHON" "$ROOT/bench/verify_totals.py" --device cuda
