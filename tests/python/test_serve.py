@@ -93,6 +93,12 @@ def test_streamed_completion_is_the_whole_one(client, plain):
         events = _events(r)
     assert events[-1] == "[DONE]" and len(events) >= 3
     chunks = events[:-1]
+    with client.stream("POST", "/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 16, "temperature": 0,
+                                                         "ignore_eos": True, "stream": True,
+                                                         "stream_options": {"include_usage": True}}) as r:
+        with_usage = _events(r)
+    assert with_usage[-2]["choices"] == [] and with_usage[-2]["usage"]["completion_tokens"] == 16
+    assert "".join(e["choices"][0]["text"] for e in with_usage[:-2]) == "".join(e["choices"][0]["text"] for e in chunks)
     assert "".join(e["choices"][0]["text"] for e in chunks) == _greedy(plain, PROMPTS[1], 16).text
     assert [e["choices"][0]["finish_reason"] for e in chunks] == [None] * (len(chunks) - 1) + ["length"]
 

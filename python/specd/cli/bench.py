@@ -26,10 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("--json", type=Path, help="write the results as JSON here")
     p.add_argument("--plot", type=Path, help="write PNG plots into this directory")
     p.set_defaults(run=run)
-    from specd.cli import bench_load
+    from specd.cli import bench_load, bench_serve
 
-    bench_load.add_parser(p.add_subparsers(dest="bench_command", metavar="{load}",
-                                           description="specd bench load: latency under load (see --help)"))
+    commands = p.add_subparsers(dest="bench_command", metavar="{load,serve}",
+                                description="specd bench load: latency under load; specd bench serve: an "
+                                            "OpenAI-compatible server under load (see --help)")
+    bench_load.add_parser(commands)
+    bench_serve.add_parser(commands)
 
 
 def run(args: argparse.Namespace) -> int:

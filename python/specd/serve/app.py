@@ -96,7 +96,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                 offsets[i] += len(chunk.text)
                 return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                         "choices": [choice]}
-            return _sse(streams, event)
+            return _sse(streams, event, body.usage_event(rid, "text_completion", now, model_name))
         results = await _collect_all(streams)
         if body.scores_only:  # the one generated token is dropped
             results = [[dataclasses.replace(c, text="", token_ids=[], pieces=[], accepted=[],
@@ -144,7 +144,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                           "logprobs": protocol.chat_logprobs(chunk, top)}
                 return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                         "choices": [choice]}
-            return _sse(streams, event)
+            return _sse(streams, event, body.usage_event(rid, "chat.completion.chunk", now, model_name))
         results = await _collect_all(streams)
         choices = []
         for i, chunks in enumerate(results):
@@ -205,9 +205,10 @@ def _usage(streams: list[RequestStream], results: list[list]) -> dict:
                           sum(len(c.token_ids) for chunks in results for c in chunks))
 
 
-def _sse(streams: list[RequestStream], event) -> StreamingResponse:
+def _sse(streams: list[RequestStream], event, usage_event=None) -> StreamingResponse:
     """Server-sent events of every stream's chunks as they come (``event(index, chunk)``), then
-    ``[DONE]``; a failed request sends an error event. Leaving early aborts the requests."""
+    ``usage_event(usage)`` when given (``stream_options.include_usage``), then ``[DONE]``; a
+    failed request sends an error event. Leaving early aborts the requests."""
 
     async def body() -> AsyncIterator[str]:
         merged: asyncio.Queue = asyncio.Queue()
@@ -217,15 +218,18 @@ def _sse(streams: list[RequestStream], event) -> StreamingResponse:
                 await merged.put((i, chunk))
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         try:
-            left = len(streams)
+            left, generated = len(streams), 0
             while left:
                 i, chunk = await merged.get()
+                generated += len(chunk.token_ids)
                 if chunk.finished:
                     left -= 1
                 if chunk.finish_reason == "error":
                     yield _data(protocol.error_body(chunk.error or "the request failed", "server_error", 500))
                     continue
                 yield _data(event(i, chunk))
+            if usage_event is not None:
+                yield _data(usage_event(protocol.usage(sum(len(s.prompt_token_ids) for s in streams), generated)))
             yield "data: [DONE]\n\n"
         finally:
             for t in tasks:

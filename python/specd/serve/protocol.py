@@ -56,6 +56,7 @@ class _Sampling(BaseModel):
     top_p: Optional[float] = None
     n: Optional[int] = 1
     stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = None
     presence_penalty: Optional[float] = None
@@ -69,6 +70,14 @@ class _Sampling(BaseModel):
     repetition_penalty: Optional[float] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
+
+    def usage_event(self, rid: str, obj: str, created_at: int, model: str):
+        """With ``stream_options: {"include_usage": true}``: the stream's last event before
+        [DONE], as a function of the usage (no choices); else None."""
+        if not (self.stream_options or {}).get("include_usage"):
+            return None
+        return lambda use: {"id": rid, "object": obj, "created": created_at, "model": model, "choices": [],
+                            "usage": use}
 
     def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int], default_max_tokens: int
                         ) -> SamplingParams:
