@@ -311,6 +311,23 @@ def test_a_disconnecting_stream_is_aborted(server):
     assert status == 200  # the server goes on
 
 
+def test_a_disconnecting_client_aborts_a_whole_response_too(server):
+    engine, port = server
+    aborted = engine.aborted
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": [PROMPTS[0], PROMPTS[1]], "max_tokens": 2000,
+                                                        "temperature": 0, "ignore_eos": True}),
+                 {"Content-Type": "application/json"})
+    deadline = time.time() + 30
+    while engine.num_in_flight < 2 and time.time() < deadline:  # both requests generating
+        time.sleep(0.02)
+    conn.sock.close()
+    conn.close()
+    while engine.num_in_flight and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.num_in_flight == 0 and engine.aborted == aborted + 2
+
+
 def test_a_failing_request_gets_500_and_others_go_on(models, plain, monkeypatch):
     poison_target_rows(monkeypatch, victim_id=0, from_call=2)
     engine = AsyncLLM(_server_llm(models))

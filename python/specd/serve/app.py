@@ -3,7 +3,8 @@
 Routes: ``GET /health``, ``GET /v1/models``, ``GET /metrics`` (LLM.metrics(), the requests
 in flight and those aborted by a client leaving), ``POST /v1/completions``, ``POST /v1/chat/completions`` (``stream``:
 server-sent events ending with ``data: [DONE]``). Every request joins the one engine's
-continuous batch (serve/async_llm.py); a streaming client that disconnects aborts its request.
+continuous batch (serve/async_llm.py); a client that disconnects, streaming or not, aborts
+its requests.
 
 Errors, in OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad
 body or parameter (the message names it), 404 for another model's name, 500 when a request
@@ -77,7 +78,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                 **(await engine.call(lambda x: x.metrics()))}
 
     @app.post("/v1/completions")
-    async def completions(body: protocol.CompletionRequest):
+    async def completions(body: protocol.CompletionRequest, request: Request):
         wrong = check_model(body.model)
         if wrong is not None:
             return wrong
@@ -97,7 +98,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                 return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                         "choices": [choice]}
             return _sse(streams, event, body.usage_event(rid, "text_completion", now, model_name))
-        results = await _collect_all(streams)
+        results = await _collect_all(streams, request)
         if body.scores_only:  # the one generated token is dropped
             results = [[dataclasses.replace(c, text="", token_ids=[], pieces=[], accepted=[],
                                             logprobs=None if c.logprobs is None else []) for c in chunks]
@@ -122,7 +123,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                 "usage": _usage(streams, results), "specd": spec}
 
     @app.post("/v1/chat/completions")
-    async def chat(body: protocol.ChatRequest):
+    async def chat(body: protocol.ChatRequest, request: Request):
         wrong = check_model(body.model)
         if wrong is not None:
             return wrong
@@ -145,7 +146,7 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
                 return {"id": rid, "object": "chat.completion.chunk", "created": now, "model": model_name,
                         "choices": [choice]}
             return _sse(streams, event, body.usage_event(rid, "chat.completion.chunk", now, model_name))
-        results = await _collect_all(streams)
+        results = await _collect_all(streams, request)
         choices = []
         for i, chunks in enumerate(results):
             logprobs = None
@@ -180,10 +181,22 @@ async def _collect(stream: RequestStream) -> list:
     return chunks
 
 
-async def _collect_all(streams: list[RequestStream]) -> list[list]:
+async def _collect_all(streams: list[RequestStream], request: Request) -> list[list]:
+    """Every stream's chunks. A client that disconnects first aborts its requests (checked
+    every 0.2 s while they run); the response is then not sent."""
+    gathered = asyncio.ensure_future(asyncio.gather(*(_collect(s) for s in streams)))
+
+    async def watch():
+        while not gathered.done():
+            if await request.is_disconnected():
+                gathered.cancel()
+                return
+            await asyncio.sleep(0.2)
+    watcher = asyncio.create_task(watch())
     try:
-        return list(await asyncio.gather(*(_collect(s) for s in streams)))
+        return list(await gathered)
     finally:
+        watcher.cancel()
         for s in streams:
             await s.aclose()
 
