@@ -14,6 +14,8 @@ Rules:
   request in flight ends with a final chunk whose ``error`` says so (finish_reason
   "error"), the LLM's requests are aborted, and the thread goes on serving new ones.
 - ``close`` stops the thread after aborting what is in flight.
+- On a CUDA device the engine thread makes the target's device its current one (a new
+  thread's is device 0), so graph captures and replays use the model's device and streams.
 """
 
 from __future__ import annotations
@@ -101,6 +103,11 @@ class AsyncLLM:
             self.aborted += 1
 
     def _run(self) -> None:
+        device = getattr(self.llm.target, "device", None)
+        if device is not None and device.type == "cuda":  # a thread starts on device 0: use the model's
+            import torch
+
+            torch.cuda.set_device(device)
         while True:
             busy = self.llm.has_unfinished_requests()
             try:
