@@ -16,7 +16,8 @@
 #                      sampled verification on cuda vs the CPU path (test_batch_verify.py), the
 #                      draft tree runner's graphs vs its eager code (test_draft_tree_graph.py),
 #                      the draft forward compiled by inductor (test_compile.py), 16-bit logits
-#                      (test_logits_dtype.py), logprobs and logits processors through the graph runners
+#                      (test_logits_dtype.py), logprobs and logits processors through the graph runners,
+#                      the HTTP server replaying CUDA graphs from its engine thread (test_serve.py; needs fastapi)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
@@ -100,7 +101,7 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype,test_logprobs,test_logits_processors}.py -k 'gpu or cuda'"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype,test_logprobs,test_logits_processors,test_serve}.py -k 'gpu or cuda'"
   echo "  timeline (opt-in): bench/gpu/step_timeline.py (engine steps under torch.profiler)"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
@@ -173,7 +174,7 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py" \
     "$ROOT/tests/python/test_timer.py" "$ROOT/tests/python/test_compile.py" \
     "$ROOT/tests/python/test_logits_dtype.py" "$ROOT/tests/python/test_logprobs.py" \
-    "$ROOT/tests/python/test_logits_processors.py"
+    "$ROOT/tests/python/test_logits_processors.py" "$ROOT/tests/python/test_serve.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 

@@ -375,3 +375,20 @@ def test_specd_serve_command(models, tmp_path):
         proc.terminate()
         err = proc.communicate(timeout=30)[1]
     assert "serving `tiny`" in err and "policy goodput" in err
+
+
+def test_gpu_server_equals_plain_decoding(models, plain):
+    """On CUDA (graph runners replayed from the engine thread): the server's greedy
+    completions equal the CPU's plain decoding, streamed and not, several at once."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    engine = AsyncLLM(_server_llm(models, dtype="float32", device="cuda"))
+    with TestClient(make_app(engine, "tiny")) as c:
+        r = c.post("/v1/completions", json={"prompt": PROMPTS, "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+        assert [ch["text"] for ch in r.json()["choices"]] == [_greedy(plain, p, 16).text for p in PROMPTS]
+        with c.stream("POST", "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 16, "temperature": 0,
+                                                        "ignore_eos": True, "stream": True}) as s:
+            events = _events(s)[:-1]
+        assert "".join(e["choices"][0]["text"] for e in events) == _greedy(plain, PROMPTS[0], 16).text
