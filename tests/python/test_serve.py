@@ -229,6 +229,10 @@ def test_chat_errors(client, plain):
     try:
         r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
+        client.engine.llm.tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 400 and "the chat template refused the messages" in r.json()["error"]["message"]
+        assert "roles must alternate" in r.json()["error"]["message"]
     finally:
         client.engine.llm.tokenizer.chat_template = template
 

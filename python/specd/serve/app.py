@@ -109,7 +109,10 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
             merged = _merge_logprobs(chunks, top)
             if body.echo:
                 prompt = prompts[i // n]
-                echoed = prompt if isinstance(prompt, str) else llm.tokenizer.decode(stream.prompt_token_ids)
+                if isinstance(prompt, str):
+                    echoed = prompt
+                else:  # token ids: their text (none without a tokenizer)
+                    echoed = llm.tokenizer.decode(stream.prompt_token_ids) if llm.tokenizer is not None else ""
                 text = echoed + text
                 if merged is not None:
                     head = protocol.prompt_completion_logprobs(stream.prompt_token_ids, chunks[0].prompt_logprobs,
@@ -131,7 +134,10 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
         tokenizer = llm.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidArgumentError(f"the model `{model_name}` has no chat template: use /v1/completions")
-        prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+        try:
+            prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # the template's own checks (e.g. roles must alternate)
+            raise InvalidArgumentError(f"the chat template refused the messages: {type(e).__name__}: {e}") from None
         streams = await _add_all(engine, [(prompt, c) for c in protocol.choice_params(params, body.n)])
         rid, now = protocol.new_id("chatcmpl"), protocol.created()
         top = params.logprobs or 0
