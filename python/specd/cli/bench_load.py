@@ -9,17 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from specd.cli.common import add_model_options, resolve_models
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError("rates must be positive numbers")
-    return values
+from specd.cli.common import add_model_options, positive_floats, resolve_models
 
 
 def add_parser(sub) -> None:
@@ -40,10 +30,10 @@ def add_parser(sub) -> None:
                         "else suffix)")
     p.add_argument("--requests", type=int, default=None, help="requests per rate (default 64; real: 6)")
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 64; real: 12)")
-    p.add_argument("--rates", type=_floats, default=None,
+    p.add_argument("--rates", type=positive_floats, default=None,
                    help="arrival rates in requests/s, comma-separated (default: 5 rates from 0.5 to 128 times "
                         "the single-request rate; real: 2 rates, 0.5x and 32x)")
-    p.add_argument("--rate-multiples", type=_floats, default=None, metavar="M1,M2,...",
+    p.add_argument("--rate-multiples", type=positive_floats, default=None, metavar="M1,M2,...",
                    help="arrival rates as multiples of the single-request rate (1 / the latency of one request "
                         "served alone, measured first); instead of --rates")
     p.add_argument("--max-num-seqs", type=int, default=None, help="batch limit (default 64; real: 6)")

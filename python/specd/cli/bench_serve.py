@@ -9,15 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-
-def _rates(text: str) -> list[float]:
-    try:
-        values = [math.inf if v.strip() == "inf" else float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers or 'inf', got {text!r}") from None
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError("rates must be positive numbers or 'inf'")
-    return values
+from specd.cli.common import positive_floats
 
 
 def add_parser(sub) -> None:
@@ -29,7 +21,7 @@ def add_parser(sub) -> None:
                     "p50, p99). The same arrivals for every server: run it against each and compare.")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     p.add_argument("--model", default=None, help="the model name to send (default: the first of /v1/models)")
-    p.add_argument("--rates", type=_rates, default=[math.inf], help="requests/s, comma-separated; inf = all at "
+    p.add_argument("--rates", type=positive_floats, default=[math.inf], help="requests/s, comma-separated; inf = all at "
                    "once (default inf)")
     p.add_argument("--requests", type=int, default=32, help="requests per rate (default 32)")
     p.add_argument("--kinds", default="completion,edit,chat",

@@ -36,3 +36,14 @@ def resolve_models(args, want_draft: bool) -> tuple[Path, Optional[Path]]:
     print("specd: using the default pair (Qwen2.5-Coder-1.5B / 0.5B Instruct, cached after the first run)",
           file=sys.stderr)
     return default_pair(args.dtype, with_draft=want_draft)
+
+
+def positive_floats(text: str) -> list[float]:
+    """An argparse type: comma-separated positive numbers ("inf" included)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError("rates must be positive numbers")
+    return values
