@@ -77,6 +77,33 @@ def test_bench_serve_measures_the_server(url, tmp_path, capsys, mode):
     assert sent == sorted(sent) and sent[-1] > 0.02  # spread by the arrivals at 40 requests/s
 
 
+def test_bench_serve_sends_the_api_key(models_with_key, capsys, monkeypatch):
+    url = models_with_key
+    assert main(["bench", "serve", "--url", url, "--requests", "2", "--max-tokens", "4"]) == 2
+    assert "HTTP 401" in capsys.readouterr().err
+    monkeypatch.setenv("OPENAI_API_KEY", "k3y")
+    assert main(["bench", "serve", "--url", url, "--requests", "2", "--max-tokens", "4"]) == 0
+    assert main(["bench", "serve", "--url", url, "--requests", "2", "--max-tokens", "4", "--api-key", "nope",
+                 "--model", "tiny"]) == 1  # every request refused (401): failed
+
+
+@pytest.fixture(scope="module")
+def models_with_key(tiny_llama_dir):
+    """A plain specd server that wants the API key k3y."""
+    import uvicorn
+
+    llm = specd.LLM(tiny_llama_dir)
+    server = uvicorn.Server(uvicorn.Config(make_app(AsyncLLM(llm), "tiny", api_key="k3y"), host="127.0.0.1", port=0,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
 def test_an_unreachable_server_and_rejected_requests_are_clear(url, capsys):
     code = main(["bench", "serve", "--url", "http://127.0.0.1:9", "--requests", "1"])
     assert code == 2 and "cannot reach http://127.0.0.1:9" in capsys.readouterr().err

@@ -396,3 +396,16 @@ def test_gpu_server_equals_plain_decoding(models, plain):
                                                         "ignore_eos": True, "stream": True}) as s:
             events = _events(s)[:-1]
         assert "".join(e["choices"][0]["text"] for e in events) == _greedy(plain, PROMPTS[0], 16).text
+
+
+def test_an_api_key_guards_the_v1_routes(models, plain):
+    engine = AsyncLLM(_server_llm(models))
+    with TestClient(make_app(engine, "tiny", api_key="s3cret")) as c:
+        body = {"prompt": PROMPTS[2], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.post("/v1/completions", json=body, headers=headers)
+            assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+        assert c.get("/v1/models").status_code == 401 and c.get("/health").status_code == 200
+        r = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == _greedy(plain, PROMPTS[2], 4).text
+        assert engine.num_in_flight == 0

@@ -55,11 +55,12 @@ class ServingConfig:
     temperature: float = 0.0
     seed: int = 0
     timeout_s: float = 600.0
+    api_key: Optional[str] = None  # sent as Authorization: Bearer
 
 
-def served_model(url: str, timeout_s: float = 30.0) -> str:
+def served_model(url: str, timeout_s: float = 30.0, api_key: Optional[str] = None) -> str:
     """The first model the server lists (GET /v1/models)."""
-    status, body = _request(url, "GET", "/v1/models", None, timeout_s)
+    status, body = _request(url, "GET", "/v1/models", None, timeout_s, api_key)
     if status != 200:
         raise RuntimeError(f"GET {url}/v1/models: HTTP {status}: {body[:200]!r}")
     return json.loads(body)["data"][0]["id"]
@@ -78,7 +79,7 @@ def arrival_times(n: int, rate: float, seed: int) -> list[float]:
 
 def run(config: ServingConfig, prompts: list[str]) -> dict:
     """Sends the requests and returns {"config", "summary", "requests"}."""
-    model = config.model or served_model(config.url, config.timeout_s)
+    model = config.model or served_model(config.url, config.timeout_s, config.api_key)
     times = arrival_times(config.requests, config.rate, config.seed)
     results = [RequestResult() for _ in times]
     threads = []
@@ -142,8 +143,7 @@ def _one(config: ServingConfig, request: tuple[str, dict], result: RequestResult
     try:
         parts = urllib.parse.urlsplit(config.url)
         conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=config.timeout_s)
-        conn.request("POST", (parts.path.rstrip("/") or "") + path, json.dumps(body),
-                     {"Content-Type": "application/json"})
+        conn.request("POST", (parts.path.rstrip("/") or "") + path, json.dumps(body), _headers(config.api_key))
         response = conn.getresponse()
         if response.status != 200:
             result.error = f"HTTP {response.status}: {response.read()[:200]!r}"
@@ -190,11 +190,19 @@ def _read_stream(response, result: RequestResult, sent: float, chat: bool) -> No
     result.ok = True
 
 
-def _request(url: str, method: str, path: str, body: Optional[dict], timeout_s: float) -> tuple[int, bytes]:
+def _headers(api_key: Optional[str]) -> dict:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _request(url: str, method: str, path: str, body: Optional[dict], timeout_s: float,
+             api_key: Optional[str] = None) -> tuple[int, bytes]:
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
     conn.request(method, (parts.path.rstrip("/") or "") + path, None if body is None else json.dumps(body),
-                 {"Content-Type": "application/json"})
+                 _headers(api_key))
     r = conn.getresponse()
     data = r.read()
     conn.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -21,6 +22,8 @@ def add_parser(sub) -> None:
                     "p50, p99). The same arrivals for every server: run it against each and compare.")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
     p.add_argument("--model", default=None, help="the model name to send (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' (default: the "
+                   "OPENAI_API_KEY environment variable, else none)")
     p.add_argument("--rates", type=positive_floats, default=[math.inf], help="requests/s, comma-separated; inf = all at "
                    "once (default inf)")
     p.add_argument("--requests", type=int, default=32, help="requests per rate (default 32)")
@@ -48,8 +51,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     prompts = [p.text for p in load_prompts(None) if p.kind in kinds]
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or None
     try:
-        model = args.model or serving.served_model(args.url)
+        model = args.model or serving.served_model(args.url, api_key=api_key)
     except (OSError, RuntimeError, ValueError, KeyError) as e:
         print(f"specd bench serve: error: cannot reach {args.url}: {e}", file=sys.stderr)
         return 2
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     for rate in args.rates:
         config = serving.ServingConfig(url=args.url, model=model, rate=rate, requests=args.requests,
                                        max_tokens=args.max_tokens, chat=args.chat, stream=not args.no_stream,
-                                       temperature=args.temperature, seed=args.seed)
+                                       temperature=args.temperature, seed=args.seed, api_key=api_key)
         runs.append(serving.run(config, prompts))
         print(f"[specd bench serve] rate {rate:g}: {runs[-1]['summary']['completed']} done", file=sys.stderr)
     print(f"specd bench serve: {args.url} model `{model}`, {args.requests} requests per rate, {args.max_tokens} "

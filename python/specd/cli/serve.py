@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from specd.cli.common import add_model_options, resolve_models
@@ -25,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30, help="bytes of KV cache (default 1 GiB)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the "
                    "target's file or directory name)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
+                   "the SPECD_API_KEY environment variable, else none)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(run=run)
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     llm = specd.LLM(target, draft, spec, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
                     kv_cache_memory=args.kv_cache_memory)
     name = args.served_model_name or target.name
-    app = make_app(AsyncLLM(llm), name)
+    app = make_app(AsyncLLM(llm), name, args.api_key or os.environ.get("SPECD_API_KEY") or None)
     print(f"[specd] serving `{name}` on http://{args.host}:{args.port} (speculation: {spec.method_name}, "
           f"k {spec.num_speculative_tokens}, policy {spec.policy})", file=sys.stderr)
     import uvicorn

@@ -7,7 +7,7 @@ from specd.serve.async_llm import AsyncLLM, RequestStream
 __all__ = ["AsyncLLM", "RequestStream", "make_app"]
 
 
-def make_app(engine: AsyncLLM, model_name: str):
+def make_app(engine: AsyncLLM, model_name: str, api_key=None):
     from specd.serve.app import make_app as _make_app
 
-    return _make_app(engine, model_name)
+    return _make_app(engine, model_name, api_key)

@@ -7,8 +7,9 @@ continuous batch (serve/async_llm.py); a client that disconnects, streaming or n
 its requests.
 
 Errors, in OpenAI's body (``{"error": {"message", "type", "param", "code"}}``): 400 for a bad
-body or parameter (the message names it), 404 for another model's name, 500 when a request
-fails in the engine (a streaming response then sends an error event before ``[DONE]``).
+body or parameter (the message names it), 401 for a missing or wrong API key (when the server
+has one), 404 for another model's name, 500 when a request fails in the engine (a streaming
+response then sends an error event before ``[DONE]``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ class _RequestFailed(Exception):
     pass
 
 
-def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
-    """The app serving ``engine`` under ``model_name``; closing the app closes the engine."""
+def make_app(engine: AsyncLLM, model_name: str, api_key: Optional[str] = None) -> FastAPI:
+    """The app serving ``engine`` under ``model_name``; closing the app closes the engine.
+    ``api_key``: the /v1 routes then need ``Authorization: Bearer <api_key>`` (401 otherwise)."""
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -43,6 +45,14 @@ def make_app(engine: AsyncLLM, model_name: str) -> FastAPI:
     app = FastAPI(title="specd", lifespan=lifespan)
     llm = engine.llm
     chat_max_tokens = llm.max_model_len  # OpenAI's chat default: up to the context limit
+
+    if api_key is not None:
+        @app.middleware("http")
+        async def _authorize(request: Request, call_next):
+            if request.url.path.startswith("/v1") and request.headers.get("authorization") != f"Bearer {api_key}":
+                return JSONResponse(protocol.error_body("missing or wrong API key (Authorization: Bearer ...)",
+                                                        "AuthenticationError", 401), status_code=401)
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_request, exc: RequestValidationError):
