@@ -139,6 +139,18 @@ def test_echo_scores_the_prompt(client, plain):
     assert len(choice["logprobs"]["tokens"]) == len(ids) + 5
     tail = choice["logprobs"]["token_logprobs"][len(ids):]
     assert all(abs(a - e[t].logprob) < 1e-4 for a, t, e in zip(tail, want.token_ids, want.logprobs))
+    whole = choice
+    for max_tokens in (5, 0):  # streamed: the same text and logprobs, the prompt's in the first event
+        with client.stream("POST", "/v1/completions", json={"prompt": ids, "max_tokens": max_tokens, "echo": True,
+                                                             "logprobs": 1, "temperature": 0, "ignore_eos": True,
+                                                             "stream": True}) as s:
+            events = [e["choices"][0] for e in _events(s)[:-1]]
+        lp = {key: [x for e in events for x in e["logprobs"][key]] for key in whole["logprobs"]}
+        n = len(ids) + max_tokens
+        assert "".join(e["text"] for e in events) == whole["text"][:len(plain.tokenizer.decode(ids))] + (
+            want.text if max_tokens else "")
+        assert lp["text_offset"] == whole["logprobs"]["text_offset"][:n]
+        assert lp["token_logprobs"][1:] == pytest.approx(whole["logprobs"]["token_logprobs"][1:n], abs=1e-6)
 
 
 def test_chat_equals_plain_decoding_of_the_template(client, plain):
@@ -205,7 +217,7 @@ def test_penalties_and_seeds_reach_the_engine(client, plain):
     ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
     ({"prompt": "x", "n": 17}, 400, "n must be an int in [1, 16]"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of is not supported"),
-    ({"prompt": "x", "echo": True, "stream": True}, 400, "echo with stream is not supported"),
+    ({"prompt": "x", "suffix": "y"}, 400, "suffix is not supported"),
     ({"prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias keys must be token ids"),
     ({"prompt": "x", "presence_penalty": 5}, 400, "presence_penalty must be"),
     ({"prompt": []}, 400, "prompt is empty"),

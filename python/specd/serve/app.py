@@ -98,37 +98,49 @@ def make_app(engine: AsyncLLM, model_name: str, api_key: Optional[str] = None) -
         streams = await _add_all(engine, [(p, c) for p in prompts for c in protocol.choice_params(params, n)])
         rid, now = protocol.new_id("cmpl"), protocol.created()
         top = params.logprobs or 0
+        def echoed(i: int, first_chunk, text: str, logprobs: Optional[dict]) -> tuple[str, Optional[dict]]:
+            """With echo: the prompt's text and logprobs before a choice's first text and logprobs."""
+            if not body.echo:
+                return text, logprobs
+            prompt, stream = prompts[i // n], streams[i]
+            if isinstance(prompt, str):
+                head_text = prompt
+            else:  # token ids: their text (none without a tokenizer)
+                head_text = llm.tokenizer.decode(stream.prompt_token_ids) if llm.tokenizer is not None else ""
+            if logprobs is not None:
+                head = protocol.prompt_completion_logprobs(stream.prompt_token_ids, first_chunk.prompt_logprobs,
+                                                           llm.tokenizer, top)
+                logprobs["text_offset"] = [o + len(head_text) for o in logprobs["text_offset"]]
+                logprobs = {key: head[key] + logprobs[key] for key in head}
+            return head_text + text, logprobs
+
+        def scored(chunk):
+            """A chunk without its generated part, for echo with max_tokens 0 (one token was made)."""
+            if not body.scores_only:
+                return chunk
+            return dataclasses.replace(chunk, text="", token_ids=[], pieces=[], accepted=[],
+                                       logprobs=None if chunk.logprobs is None else [])
+
         if body.stream:
             offsets = [0] * len(streams)
 
             def event(i: int, chunk) -> dict:
-                choice = {"index": i, "text": chunk.text, "finish_reason": chunk.finish_reason if chunk.finished else None,
-                          "logprobs": protocol.completion_logprobs(chunk, offsets[i], top)}
-                offsets[i] += len(chunk.text)
+                chunk = scored(chunk)
+                text, logprobs = chunk.text, protocol.completion_logprobs(chunk, offsets[i], top)
+                if i not in sent:  # a choice's first event: the echoed prompt first
+                    sent.add(i)
+                    text, logprobs = echoed(i, chunk, text, logprobs)
+                offsets[i] += len(text)
+                choice = {"index": i, "text": text, "finish_reason": chunk.finish_reason if chunk.finished else None,
+                          "logprobs": logprobs}
                 return {"id": rid, "object": "text_completion", "created": now, "model": model_name,
                         "choices": [choice]}
+            sent: set[int] = set()
             return _sse(streams, event, body.usage_event(rid, "text_completion", now, model_name))
-        results = await _collect_all(streams, request)
-        if body.scores_only:  # the one generated token is dropped
-            results = [[dataclasses.replace(c, text="", token_ids=[], pieces=[], accepted=[],
-                                            logprobs=None if c.logprobs is None else []) for c in chunks]
-                       for chunks in results]
+        results = [[scored(c) for c in chunks] for chunks in await _collect_all(streams, request)]
         choices, spec = [], []
         for i, (stream, chunks) in enumerate(zip(streams, results)):
-            text = "".join(c.text for c in chunks)
-            merged = _merge_logprobs(chunks, top)
-            if body.echo:
-                prompt = prompts[i // n]
-                if isinstance(prompt, str):
-                    echoed = prompt
-                else:  # token ids: their text (none without a tokenizer)
-                    echoed = llm.tokenizer.decode(stream.prompt_token_ids) if llm.tokenizer is not None else ""
-                text = echoed + text
-                if merged is not None:
-                    head = protocol.prompt_completion_logprobs(stream.prompt_token_ids, chunks[0].prompt_logprobs,
-                                                               llm.tokenizer, top)
-                    merged["text_offset"] = [o + len(echoed) for o in merged["text_offset"]]
-                    merged = {key: head[key] + merged[key] for key in head}
+            text, merged = echoed(i, chunks[0], "".join(c.text for c in chunks), _merge_logprobs(chunks, top))
             choices.append({"index": i, "text": text, "finish_reason": chunks[-1].finish_reason,
                             "logprobs": merged})
             spec.append(protocol.speculation(chunks[-1].metrics))

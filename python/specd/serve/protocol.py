@@ -5,7 +5,7 @@ Rules:
 - Fields follow OpenAI's API, with vLLM's extra sampling fields (top_k, min_p, min_tokens,
   repetition_penalty, ignore_eos, stop_token_ids). Unknown fields are ignored, as vLLM
   does; fields that would change the result and are not supported (best_of above 1,
-  suffix, echo with stream) are refused with a message naming them.
+  suffix) are refused with a message naming them.
 - ``echo``: the prompt's text before the completion's, and with ``logprobs`` the prompt
   tokens' logprobs first (the first token's None: SamplingParams.prompt_logprobs);
   ``max_tokens: 0`` with echo scores the prompt alone (what evaluation harnesses send).
@@ -123,8 +123,7 @@ class CompletionRequest(_Sampling):
         return self.echo and self.max_tokens == 0
 
     def params(self, default_max_tokens: int) -> SamplingParams:
-        for name, bad in (("suffix", self.suffix is not None), ("best_of", self.best_of not in (None, 1)),
-                          ("echo with stream", self.echo and self.stream)):
+        for name, bad in (("suffix", self.suffix is not None), ("best_of", self.best_of not in (None, 1))):
             if bad:
                 raise InvalidArgumentError(f"{name} is not supported")
         params = self.sampling_params(1 if self.scores_only else self.max_tokens, self.logprobs, default_max_tokens)
