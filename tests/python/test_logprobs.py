@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import specd
-from specd.engine import engine as engine_module
+from specd.engine import step_logprobs as step_module
 from specd.engine.logprobs import Logprob, RowRequest, gather_logprobs
 from specd.errors import InvalidArgumentError
 from test_engine import self_draft
@@ -177,8 +177,8 @@ def test_mixed_batch_gets_logprobs_only_where_asked(setup, monkeypatch):
     target, draft, _, prompts = setup
     llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=3))
     calls = []
-    real = engine_module.gather_logprobs
-    monkeypatch.setattr(engine_module, "gather_logprobs", lambda *a: calls.append(1) or real(*a))
+    real = step_module.gather_logprobs
+    monkeypatch.setattr(step_module, "gather_logprobs", lambda *a: calls.append(1) or real(*a))
     params = [specd.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=n) for n in (None, 0, 5)]
     outs = llm.generate(prompts[:3], params)
     assert outs[0].logprobs is None and outs[0].cumulative_logprob is None
