@@ -4,8 +4,6 @@ counts; the summary's figures are consistent; an unreachable server is a clear e
 
 import json
 import math
-import threading
-import time
 
 import pytest
 
@@ -16,15 +14,13 @@ from specd.bench import serving  # noqa: E402
 from specd.cli import main  # noqa: E402
 from specd.serve import AsyncLLM, make_app  # noqa: E402
 from test_engine import self_draft  # noqa: E402
-from test_serve import TEMPLATE  # noqa: E402
+from test_serve import TEMPLATE, running  # noqa: E402
 from tiny_models import make_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory, tiny_tokenizer_dir):
     """specd serve on a tiny target with a 4,096-token context (every built-in prompt fits)."""
-    import uvicorn
-
     target = tmp_path_factory.mktemp("bench_serve_target")
     make_tiny_model(target, "llama", tokenizer_dir=tiny_tokenizer_dir, lm_head_scale=10.0, seed=1,
                     max_position_embeddings=4096)
@@ -32,15 +28,8 @@ def url(tmp_path_factory, tiny_tokenizer_dir):
     llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=3),
                     max_num_seqs=8)
     llm.tokenizer.chat_template = TEMPLATE
-    server = uvicorn.Server(uvicorn.Config(make_app(AsyncLLM(llm), "tiny"), host="127.0.0.1", port=0,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with running(make_app(AsyncLLM(llm), "tiny")) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_arrivals_are_poisson_and_seeded():
@@ -90,18 +79,8 @@ def test_bench_serve_sends_the_api_key(models_with_key, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def models_with_key(tiny_llama_dir):
     """A plain specd server that wants the API key k3y."""
-    import uvicorn
-
-    llm = specd.LLM(tiny_llama_dir)
-    server = uvicorn.Server(uvicorn.Config(make_app(AsyncLLM(llm), "tiny", api_key="k3y"), host="127.0.0.1", port=0,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with running(make_app(AsyncLLM(specd.LLM(tiny_llama_dir)), "tiny", api_key="k3y")) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_an_unreachable_server_and_rejected_requests_are_clear(url, capsys):

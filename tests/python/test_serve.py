@@ -4,6 +4,7 @@ none in the reference); logprobs in both layouts; concurrent requests share the 
 batch; a disconnecting stream aborts its request; bad requests get 400/404 with the field
 named; a request failing in the engine gets 500 (or an error event) while others go on."""
 
+import contextlib
 import http.client
 import json
 import threading
@@ -261,20 +262,27 @@ def test_models_health_metrics(client):
 
 @pytest.fixture(scope="module")
 def server(models):
+    engine = AsyncLLM(_server_llm(models, max_num_seqs=8))
+    with running(make_app(engine, "tiny")) as port:
+        yield engine, port
+
+
+@contextlib.contextmanager
+def running(app):
+    """``app`` served by uvicorn on a free loopback port (yields the port), stopped after."""
     import uvicorn
 
-    engine = AsyncLLM(_server_llm(models, max_num_seqs=8))
-    config = uvicorn.Config(make_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning")
-    srv = uvicorn.Server(config)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     deadline = time.time() + 30
     while not srv.started and time.time() < deadline:
         time.sleep(0.05)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield engine, port
-    srv.should_exit = True
-    thread.join(timeout=30)
+    try:
+        yield srv.servers[0].sockets[0].getsockname()[1]
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=30)
 
 
 def _post(port, path, body):
