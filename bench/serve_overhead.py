@@ -91,18 +91,24 @@ def over_http(port: int, clients: int, max_tokens: int, stream: bool) -> tuple[f
     return time.perf_counter() - t0, texts
 
 
-def _start_server(llm):
-    import uvicorn
-
-    from specd.serve import AsyncLLM, make_app
-
-    engine = AsyncLLM(llm)
-    server = uvicorn.Server(uvicorn.Config(make_app(engine, "tiny"), host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    return server, thread, server.servers[0].sockets[0].getsockname()[1]
+def _case(llm_direct, port: int, clients: int, args) -> list[dict]:
+    """One client count: every mode warmed up (outputs compared), then --reps interleaved runs."""
+    modes = {"direct (LLM.step)": lambda: direct(llm_direct, clients, args.max_tokens),
+             "server": lambda: over_http(port, clients, args.max_tokens, False),
+             "server, streamed": lambda: over_http(port, clients, args.max_tokens, True)}
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    outputs = {m: run()[1] for m, run in modes.items()}  # warm-up (and the outputs compared)
+    for _ in range(args.reps):
+        for m, run in modes.items():
+            times[m].append(run()[0])
+    base = statistics.median(times["direct (LLM.step)"])
+    same = all(o == outputs["direct (LLM.step)"] for o in outputs.values())
+    rows = []
+    for m in modes:
+        med = statistics.median(times[m])
+        rows.append({"clients": clients, "mode": m, "ms": med * 1e3, "tokens_per_s": clients * args.max_tokens / med,
+                     "ratio_to_direct": med / base, "same_text": same})
+    return rows
 
 
 def main(argv=None) -> int:
@@ -112,31 +118,17 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    from specd.serve import AsyncLLM, make_app, serving_in_thread
+
     rows, ok = [], True
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = _models(Path(tmp))
         for clients in [int(c) for c in args.clients.split(",")]:
             llm_direct = _llm(target, draft, clients)
-            server, thread, port = _start_server(_llm(target, draft, clients))
-            modes = {"direct (LLM.step)": lambda: direct(llm_direct, clients, args.max_tokens),
-                     "server": lambda: over_http(port, clients, args.max_tokens, False),
-                     "server, streamed": lambda: over_http(port, clients, args.max_tokens, True)}
-            times: dict[str, list[float]] = {m: [] for m in modes}
-            outputs: dict[str, list[str]] = {}
-            for m, run in modes.items():  # warm-up (and the outputs compared)
-                outputs[m] = run()[1]
-            for _ in range(args.reps):
-                for m, run in modes.items():
-                    times[m].append(run()[0])
-            server.should_exit = True
-            thread.join(timeout=30)
-            base = statistics.median(times["direct (LLM.step)"])
-            same = all(o == outputs["direct (LLM.step)"] for o in outputs.values())
-            ok &= same
-            for m in modes:
-                med = statistics.median(times[m])
-                rows.append({"clients": clients, "mode": m, "ms": med * 1e3, "tokens_per_s": clients * args.max_tokens / med,
-                             "ratio_to_direct": med / base, "same_text": same})
+            with serving_in_thread(make_app(AsyncLLM(_llm(target, draft, clients)), "tiny")) as port:
+                rows_of_case = _case(llm_direct, port, clients, args)
+            ok &= all(r["same_text"] for r in rows_of_case)
+            rows += rows_of_case
     print(f"SYNTHETIC tiny models: {args.max_tokens} greedy tokens per request, draft chains k = 3, "
           f"median of {args.reps} runs")
     print(f"{'clients':>7} {'mode':<20} {'ms':>9} {'tok/s':>9} {'x direct':>9} same text")

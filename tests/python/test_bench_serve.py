@@ -12,9 +12,9 @@ pytest.importorskip("uvicorn", reason="specd[serve] (uvicorn) is not installed")
 import specd  # noqa: E402
 from specd.bench import serving  # noqa: E402
 from specd.cli import main  # noqa: E402
-from specd.serve import AsyncLLM, make_app  # noqa: E402
+from specd.serve import AsyncLLM, make_app, serving_in_thread  # noqa: E402
 from test_engine import self_draft  # noqa: E402
-from test_serve import TEMPLATE, running  # noqa: E402
+from test_serve import TEMPLATE  # noqa: E402
 from tiny_models import make_tiny_model  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def url(tmp_path_factory, tiny_tokenizer_dir):
     llm = specd.LLM(target, draft, specd.SpeculationConfig(method="draft", num_speculative_tokens=3),
                     max_num_seqs=8)
     llm.tokenizer.chat_template = TEMPLATE
-    with running(make_app(AsyncLLM(llm), "tiny")) as port:
+    with serving_in_thread(make_app(AsyncLLM(llm), "tiny")) as port:
         yield f"http://127.0.0.1:{port}"
 
 
@@ -79,7 +79,7 @@ def test_bench_serve_sends_the_api_key(models_with_key, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def models_with_key(tiny_llama_dir):
     """A plain specd server that wants the API key k3y."""
-    with running(make_app(AsyncLLM(specd.LLM(tiny_llama_dir)), "tiny", api_key="k3y")) as port:
+    with serving_in_thread(make_app(AsyncLLM(specd.LLM(tiny_llama_dir)), "tiny", api_key="k3y")) as port:
         yield f"http://127.0.0.1:{port}"
 
 

@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 
 import specd
-from specd.engine.logits_processors import PenaltyState, apply_logits_processors
+from specd.engine.logits_processors import LogitsProcessors, PenaltyState
 from specd.engine.request import Request
 from specd.errors import InvalidArgumentError
 from test_logprobs import _check_against_hf, setup  # noqa: F401 (setup: a fixture)
@@ -75,7 +75,7 @@ def test_rows_equal_the_per_node_reference(dtype, all_columns):
         row += n
     raw = (torch.randn(row, vocab, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
     logits = raw.clone()
-    assert apply_logits_processors(logits, reqs, trees, starts, all_columns)
+    assert LogitsProcessors(all_columns).apply(logits, reqs, trees, starts)
     for req, tree, start in zip(reqs, trees, starts):
         parents, tokens = np.asarray(tree.parents), np.asarray(tree.tokens)
         for node in range(len(tree)):
@@ -90,7 +90,7 @@ def test_rows_equal_the_per_node_reference(dtype, all_columns):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"request {req.id} node {node}")
     assert torch.equal(logits[starts[3]:starts[4]], raw[starts[3]:starts[4]])
     plain = raw.clone()
-    assert not apply_logits_processors(plain, reqs[3:4], trees[3:4], starts[3:4], all_columns)
+    assert not LogitsProcessors(all_columns).apply(plain, reqs[3:4], trees[3:4], starts[3:4])
     assert torch.equal(plain, raw)
 
 

@@ -4,7 +4,6 @@ none in the reference); logprobs in both layouts; concurrent requests share the 
 batch; a disconnecting stream aborts its request; bad requests get 400/404 with the field
 named; a request failing in the engine gets 500 (or an error event) while others go on."""
 
-import contextlib
 import http.client
 import json
 import threading
@@ -16,7 +15,7 @@ fastapi = pytest.importorskip("fastapi", reason="specd[serve] (FastAPI) is not i
 from fastapi.testclient import TestClient  # noqa: E402
 
 import specd  # noqa: E402
-from specd.serve import AsyncLLM, make_app  # noqa: E402
+from specd.serve import AsyncLLM, make_app, serving_in_thread  # noqa: E402
 from test_engine import poison_target_rows, self_draft  # noqa: E402
 from tiny_models import CODE_SNIPPET  # noqa: E402
 
@@ -263,26 +262,8 @@ def test_models_health_metrics(client):
 @pytest.fixture(scope="module")
 def server(models):
     engine = AsyncLLM(_server_llm(models, max_num_seqs=8))
-    with running(make_app(engine, "tiny")) as port:
+    with serving_in_thread(make_app(engine, "tiny")) as port:
         yield engine, port
-
-
-@contextlib.contextmanager
-def running(app):
-    """``app`` served by uvicorn on a free loopback port (yields the port), stopped after."""
-    import uvicorn
-
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not srv.started and time.time() < deadline:
-        time.sleep(0.05)
-    try:
-        yield srv.servers[0].sockets[0].getsockname()[1]
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=30)
 
 
 def _post(port, path, body):
@@ -429,3 +410,14 @@ def test_an_api_key_guards_the_v1_routes(models, plain):
         r = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == _greedy(plain, PROMPTS[2], 4).text
         assert engine.num_in_flight == 0
+
+
+def test_serving_in_thread_reports_a_port_in_use(client):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(RuntimeError, match="did not start"):
+            with serving_in_thread(fastapi.FastAPI(), port=taken.getsockname()[1], start_timeout_s=10):
+                pass

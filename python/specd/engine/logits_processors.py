@@ -229,9 +229,3 @@ def _columns(table: torch.Tensor, rows: torch.Tensor, cols: Optional[torch.Tenso
     first (a few of a wide table)."""
     return table.index_select(0, rows) if cols is None else table.index_select(1, cols).index_select(0, rows)
 
-
-def apply_logits_processors(logits: torch.Tensor, requests: Sequence[Request], trees: Sequence[TokenTree],
-                            starts: Sequence[int], all_columns: Optional[bool] = None) -> bool:
-    """``LogitsProcessors(all_columns).apply`` with a fresh state (every request's history
-    counted anew): for one-off use and tests; the engine keeps one LogitsProcessors."""
-    return LogitsProcessors(all_columns).apply(logits, requests, trees, starts)

@@ -3,8 +3,9 @@ FastAPI app, ``AsyncLLM`` drives the LLM from an engine thread. Needs ``pip inst
 specd[serve]`` (FastAPI and uvicorn)."""
 
 from specd.serve.async_llm import AsyncLLM, RequestStream
+from specd.serve.in_thread import serving_in_thread
 
-__all__ = ["AsyncLLM", "RequestStream", "make_app"]
+__all__ = ["AsyncLLM", "RequestStream", "make_app", "serving_in_thread"]
 
 
 def make_app(engine: AsyncLLM, model_name: str, api_key=None):
