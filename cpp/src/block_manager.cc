@@ -49,12 +49,18 @@ Status BlockManager::create(const BlockManagerConfig& config, std::unique_ptr<Bl
                           " tokens per block is more than a block can address");
     models.push_back(ModelState{spec, static_cast<int32_t>(block)});
   }
-  out->reset(new BlockManager(std::move(models), config.page_bytes, config.num_pages));
+  out->reset(new BlockManager(std::move(models), config.page_bytes, config.num_pages,
+                              config.prefix_caching));
   return Status::Ok();
 }
 
-BlockManager::BlockManager(std::vector<ModelState> models, int64_t page_bytes, int32_t num_pages)
-    : models_(std::move(models)), page_bytes_(page_bytes), pool_(num_pages) {}
+BlockManager::BlockManager(std::vector<ModelState> models, int64_t page_bytes, int32_t num_pages,
+                           bool prefix_caching)
+    : models_(std::move(models)),
+      page_bytes_(page_bytes),
+      pool_(num_pages),
+      prefix_caching_(prefix_caching),
+      cache_(prefix_caching ? num_pages : 0) {}
 
 ModelIndex BlockManager::model_index(const std::string& name) const {
   for (std::size_t m = 0; m < models_.size(); ++m)
@@ -115,8 +121,10 @@ Status BlockManager::add_sequence(SeqId seq) {
 Status BlockManager::free_sequence(SeqId seq) {
   Sequence* s = nullptr;
   SPECD_RETURN_IF_ERROR(find(seq, &s));
+  // Last block first: of a sequence's registered pages, the LRU list evicts its last ones
+  // first (a prefix is only useful while its first blocks stay).
   for (SeqModelState& st : s->models)
-    for (int32_t page : st.pages) pool_.release(page);
+    for (auto it = st.pages.rbegin(); it != st.pages.rend(); ++it) pool_.release(*it);
   seqs_.erase(seq);
   return Status::Ok();
 }
@@ -167,19 +175,18 @@ Status BlockManager::plan_reserve(SeqId id, Sequence* seq, ModelIndex m, int32_t
 void BlockManager::apply_reserve(const ReservePlan& plan, ModelIndex m, Reservation* out) {
   SeqModelState& st = plan.seq->models[static_cast<std::size_t>(m)];
   const int64_t bs = block_size(m);
-  if (plan.n > 0 && st.committed % bs != 0 && pool_.refcount(st.pages.back()) > 1) {
-    int32_t copy = -1;
-    pool_.allocate(&copy);  // counted by plan_reserve
-    out->copies.push_back(PageCopy{m, st.pages.back(), copy, static_cast<int32_t>(st.committed % bs)});
-    pool_.release(st.pages.back());
-    st.pages.back() = copy;
+  if (plan.n > 0 && st.committed % bs != 0) {  // writes into the page holding position c
+    if (pool_.refcount(st.pages.back()) > 1) {
+      const int32_t copy = take_page();  // counted by plan_reserve
+      out->copies.push_back(PageCopy{m, st.pages.back(), copy, static_cast<int32_t>(st.committed % bs)});
+      pool_.release(st.pages.back());
+      st.pages.back() = copy;
+    } else {
+      unregister(st.pages.back());
+    }
   }
   const int64_t end = st.committed + plan.n;
-  while (static_cast<int64_t>(st.pages.size()) * bs < end) {
-    int32_t page = -1;
-    pool_.allocate(&page);  // counted by plan_reserve
-    st.pages.push_back(page);
-  }
+  while (static_cast<int64_t>(st.pages.size()) * bs < end) st.pages.push_back(take_page());  // counted
   st.reserved = plan.n;
   // Slots of [c, end): walk page by page instead of dividing per position.
   int64_t pos = st.committed;
@@ -256,6 +263,7 @@ Status BlockManager::reserve_batch(ModelIndex m, Span<const SeqId> seqs, Span<co
 void BlockManager::truncate(SeqModelState* st, ModelIndex m, int64_t len) {
   st->committed = len;
   st->reserved = 0;
+  st->block_keys.resize(std::min(st->block_keys.size(), static_cast<std::size_t>(len / block_size(m))));
   const std::size_t keep = static_cast<std::size_t>(ceil_div(len, block_size(m)));
   while (st->pages.size() > keep) {
     pool_.release(st->pages.back());

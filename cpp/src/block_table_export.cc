@@ -133,15 +133,34 @@ Status BlockManager::check_invariants() const {
         owner[p] = static_cast<int32_t>(m);
         ++refs[p];
       }
-      // Pages that hold reserved (writable) slots must belong to this sequence alone.
+      // Pages that hold reserved (writable) slots must belong to this sequence alone and
+      // hold no registered block.
       if (st.reserved > 0) {
-        for (std::size_t b = static_cast<std::size_t>(st.committed / bs); b < st.pages.size(); ++b)
+        for (std::size_t b = static_cast<std::size_t>(st.committed / bs); b < st.pages.size(); ++b) {
           if (pool_.refcount(st.pages[b]) != 1)
             return error_status(StatusCode::kInternal, "sequence ", id, " writes into page ",
                                 st.pages[b], " shared by ", pool_.refcount(st.pages[b]),
                                 " sequences");
+          if (pool_.cached(st.pages[b]))
+            return error_status(StatusCode::kInternal, "sequence ", id, " writes into page ",
+                                st.pages[b], ", which holds a registered prefix block");
+        }
       }
+      // Its registered chain covers full committed blocks only. (A page in it may hold
+      // another key for an equal block: a private copy registered by a fork sharing it after
+      // the original was evicted.)
+      if (static_cast<int64_t>(st.block_keys.size()) > st.committed / bs)
+        return error_status(StatusCode::kInternal, "sequence ", id, " model ", m, " has ",
+                            st.block_keys.size(), " registered blocks but ", st.committed,
+                            " committed tokens");
     }
+  }
+  for (int32_t p = 0; p < num_pages(); ++p) {
+    const bool registered = prefix_caching_ && cache_.has_page(p);
+    if (registered != pool_.cached(p))
+      return error_status(StatusCode::kInternal, "page ", p,
+                          registered ? " holds a prefix-cache key but the pool does not mark it cached"
+                                     : " is marked cached but holds no prefix-cache key");
   }
   for (int32_t p = 0; p < num_pages(); ++p)
     if (refs[static_cast<std::size_t>(p)] != pool_.refcount(p))

@@ -45,17 +45,24 @@ int32_t StepPlanner::nodes_for(int32_t k, ProposalKind kind) const {
   return k;
 }
 
-Status StepPlanner::add(RequestId id) {
+Status StepPlanner::add(RequestId id, bool use_prefix_cache) {
   SPECD_RETURN_IF_ERROR(validate());
   if (seqs_.count(id) != 0) return error_status(StatusCode::kAlreadyExists, "StepPlanner: request ", id, " exists");
-  seqs_[id].state.id = id;
+  Sequence& s = seqs_[id];
+  s.state.id = id;
+  s.use_prefix_cache = use_prefix_cache;
   waiting_.push_back(id);
   return Status::Ok();
 }
 
-Status StepPlanner::finish(RequestId id) {
+Status StepPlanner::finish(RequestId id, Span<const int32_t> new_tokens) {
   const auto it = seqs_.find(id);
   if (it == seqs_.end()) return error_status(StatusCode::kNotFound, "StepPlanner: no request ", id);
+  if (it->second.in_blocks && caching()) {
+    Sequence& s = it->second;
+    s.tokens.insert(s.tokens.end(), new_tokens.begin(), new_tokens.end());
+    SPECD_RETURN_IF_ERROR(cache_blocks(s));
+  }
   if (it->second.in_blocks) SPECD_RETURN_IF_ERROR(blocks_->free_sequence(id));
   seqs_.erase(it);
   running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
@@ -74,7 +81,29 @@ Status StepPlanner::sync(Span<const SequenceState> states) {
                           " (need length >= 1, 0 <= computed_target < length, 0 <= computed_draft <= length, "
                           "room >= 0)");
     it->second.state = s;
+    it->second.state.new_tokens = {};
+    if (caching()) {
+      SPECD_RETURN_IF_ERROR(take_tokens(it->second, s.new_tokens, s.length));
+      if (it->second.in_blocks) SPECD_RETURN_IF_ERROR(cache_blocks(it->second));
+    }
   }
+  return Status::Ok();
+}
+
+Status StepPlanner::take_tokens(Sequence& s, Span<const int32_t> new_tokens, int64_t length) {
+  const int64_t keep = length - static_cast<int64_t>(new_tokens.size());
+  if (keep < 0 || keep > static_cast<int64_t>(s.tokens.size()))
+    return error_status(StatusCode::kInvalidArgument, "StepPlanner: request ", s.state.id, " of length ", length,
+                        " sends ", new_tokens.size(), " new token(s) but the planner holds ", s.tokens.size(),
+                        " of its tokens (new_tokens must be its tokens past the ones already sent)");
+  s.tokens.resize(static_cast<std::size_t>(keep));
+  s.tokens.insert(s.tokens.end(), new_tokens.begin(), new_tokens.end());
+  return Status::Ok();
+}
+
+Status StepPlanner::cache_blocks(const Sequence& s) {
+  SPECD_RETURN_IF_ERROR(blocks_->cache_blocks(s.state.id, kTarget, s.tokens));
+  if (config_.uses_draft_kv) SPECD_RETURN_IF_ERROR(blocks_->cache_blocks(s.state.id, kDraft, s.tokens));
   return Status::Ok();
 }
 
@@ -162,18 +191,47 @@ Status StepPlanner::reserve_or_preempt(Sequence& s, WorkPlan* item, ProposalKind
   }
 }
 
-Status StepPlanner::admit(Sequence& s, WorkPlan* item, ProposalKind kind, StepPlan* out, bool* ok) {
+Status StepPlanner::forget_blocks(Sequence& s) {
+  s.in_blocks = false;
+  s.state.computed_target = s.state.computed_draft = 0;
+  return blocks_->free_sequence(s.state.id);
+}
+
+Status StepPlanner::admit(Sequence& s, int32_t budget, const PlannedDecision* d, WorkPlan* item, StepPlan* out,
+                          bool* ok) {
   *ok = false;
+  const RequestId id = s.state.id;
+  SPECD_RETURN_IF_ERROR(blocks_->add_sequence(id));
+  s.in_blocks = true;
+  int64_t cached_target = 0, cached_draft = 0;
+  const bool lookup = caching() && s.use_prefix_cache;
+  if (lookup) {  // the last token is always fed: at most length - 1 tokens come from the cache
+    const int64_t limit = s.state.length - 1;
+    SPECD_RETURN_IF_ERROR(blocks_->match_prefix(id, kTarget, s.tokens, limit, &cached_target));
+    if (config_.uses_draft_kv) SPECD_RETURN_IF_ERROR(blocks_->match_prefix(id, kDraft, s.tokens, limit, &cached_draft));
+  }
+  s.state.computed_target = cached_target;
+  s.state.computed_draft = cached_draft;
+  if (!plan_item(s, budget, d, item)) {
+    return forget_blocks(s);
+  }
+  const ProposalKind kind = d != nullptr && item->k > 0 ? d->kind : ProposalKind::kNone;
   const bool draft = kind == ProposalKind::kDraftModel && item->decide && item->k > 0;
   std::vector<int64_t> need{item->num_tokens()};
-  if (config_.uses_draft_kv) need.push_back(draft ? item->num_prefix + 1 + draft_fed(item->k) : 0);
-  if (!blocks_->can_admit(need, static_cast<int64_t>(running_.size()))) return Status::Ok();
-  SPECD_RETURN_IF_ERROR(blocks_->add_sequence(s.state.id));
-  s.in_blocks = true;
+  if (config_.uses_draft_kv) need.push_back(draft ? s.state.length - cached_draft + draft_fed(item->k) : 0);
+  if (!blocks_->can_admit(need, static_cast<int64_t>(running_.size()))) {
+    return forget_blocks(s);
+  }
   SPECD_RETURN_IF_ERROR(reserve(s, item, kind, out, ok));
   if (!*ok) {
-    SPECD_RETURN_IF_ERROR(blocks_->free_sequence(s.state.id));
-    s.in_blocks = false;
+    return forget_blocks(s);
+  }
+  item->cached_target = cached_target;
+  item->cached_draft = cached_draft;
+  if (lookup) {
+    ++hit_stats_.admissions;
+    hit_stats_.query_tokens += s.state.length;
+    hit_stats_.hit_tokens += cached_target;
   }
   return Status::Ok();
 }
@@ -211,11 +269,9 @@ Status StepPlanner::plan(Span<const PlannedDecision> decisions, StepPlan* out) {
   }
   while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < config_.max_num_seqs && budget > 0) {
     Sequence& s = seqs_.at(waiting_.front());
-    const PlannedDecision* d = decision(s.state.id);
     WorkPlan item;
-    if (!plan_item(s, budget, d, &item)) break;
     bool ok = false;
-    SPECD_RETURN_IF_ERROR(admit(s, &item, kind_of(item, d), out, &ok));
+    SPECD_RETURN_IF_ERROR(admit(s, budget, decision(s.state.id), &item, out, &ok));
     if (!ok) break;
     waiting_.pop_front();
     running_.push_back(s.state.id);

@@ -27,8 +27,9 @@ namespace specd::testing {
 // first model (target) gets exactly `target_block` tokens per page.
 inline std::unique_ptr<BlockManager> make_manager(int32_t num_pages, int32_t target_block = 4,
                                                   std::vector<int64_t> bytes_per_token = {6},
-                                                  int32_t block_align = 1) {
+                                                  int32_t block_align = 1, bool prefix_caching = false) {
   BlockManagerConfig config;
+  config.prefix_caching = prefix_caching;
   config.page_bytes = int64_t{target_block} * bytes_per_token[0];
   config.num_pages = num_pages;
   config.block_align = block_align;

@@ -13,6 +13,12 @@
 // - reserved slots belong to one live sequence only;
 // - every status matches the reference's prediction (including OUT_OF_PAGES exactly when
 //   the pages needed exceed the free pages), and a failed call changes nothing.
+// With prefix caching, each position also has a token (from a two-letter alphabet, so
+// prefixes repeat) and the value written there is a rolling hash of the model and the
+// tokens up to it: what real KV depends on. Sequences register their blocks at random
+// times, and new sequences adopt cached prefixes of earlier sequences' tokens; every adopted
+// position must read back the value of its own token prefix, so a page evicted while still
+// registered, a registered page written to, or a wrong match shows up.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,12 +36,20 @@ namespace {
 struct ModelRef {
   std::vector<int64_t> tokens;   // committed values, position order
   std::vector<int64_t> pending;  // values written into the reserved slots
+  std::vector<int32_t> stream;   // prefix caching: the token of each committed and reserved position
 };
+
+// Prefix caching: the value at a position, from the value before it and its token.
+int64_t kv_value(int64_t before, ModelIndex m, int32_t token) {
+  uint64_t x = static_cast<uint64_t>(before) ^ (static_cast<uint64_t>(token) + 1) ^ (static_cast<uint64_t>(m) << 40);
+  x = (x ^ (x >> 31)) * 0x9e3779b97f4a7c15ULL;
+  return static_cast<int64_t>((x ^ (x >> 29)) >> 1);
+}
 
 class Fuzzer {
  public:
-  Fuzzer(int32_t num_pages, int32_t target_block, std::vector<int64_t> bytes, uint64_t seed)
-      : bm_(make_manager(num_pages, target_block, std::move(bytes))), rng_(seed) {
+  Fuzzer(int32_t num_pages, int32_t target_block, std::vector<int64_t> bytes, uint64_t seed, bool caching)
+      : bm_(make_manager(num_pages, target_block, std::move(bytes), 1, caching)), rng_(seed), caching_(caching) {
     for (ModelIndex m = 0; m < bm_->num_models(); ++m)
       storage_.emplace_back(static_cast<std::size_t>(bm_->num_pages()) * bm_->block_size(m), 0);
   }
@@ -54,6 +68,8 @@ class Fuzzer {
   int64_t ops_ok() const { return ops_ok_; }
   int64_t out_of_pages() const { return out_of_pages_; }
   int64_t copies() const { return copies_; }
+  int64_t matched_blocks() const { return matched_blocks_; }
+  int64_t evictions() const { return bm_->prefix_cache_stats().evictions; }
 
  private:
   int rand_int(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
@@ -67,8 +83,9 @@ class Fuzzer {
 
   void step() {
     const int r = rand_int(0, 99);
-    if (ref_.empty() || (r < 8 && ref_.size() < 12)) return do_add();
+    if (ref_.empty() || (r < 8 && ref_.size() < 12)) return caching_ && r % 2 == 0 ? do_add_matching() : do_add();
     if (r < 12) return do_free(pick());
+    if (caching_ && r >= 93 && r < 97) return do_cache(pick(), pick_model());
     if (r < 18) return do_fork(pick());
     if (r < 50) return do_reserve(pick(), pick_model());
     if (r < 75) return do_commit(pick(), pick_model());
@@ -108,7 +125,44 @@ class Fuzzer {
     ++ops_ok_;
   }
 
+  // A new sequence whose tokens start like an earlier sequence's adopts its cached prefix.
+  void do_add_matching() {
+    const SeqId id = next_id_++;
+    SPECD_ASSERT_OK(bm_->add_sequence(id));
+    std::vector<ModelRef>& refs = ref_[id];
+    refs.resize(static_cast<std::size_t>(bm_->num_models()));
+    std::vector<int32_t> tokens;
+    if (!corpus_.empty()) tokens = corpus_[static_cast<std::size_t>(rand_int(0, static_cast<int>(corpus_.size()) - 1))];
+    tokens.resize(static_cast<std::size_t>(rand_int(0, static_cast<int>(tokens.size()))));
+    for (int i = rand_int(0, 6); i > 0; --i) tokens.push_back(rand_int(0, 1));
+    for (ModelIndex m = 0; m < bm_->num_models(); ++m) {
+      const int64_t limit = rand_int(0, static_cast<int>(tokens.size()) + 2);
+      int64_t matched = -1;
+      SPECD_ASSERT_OK(bm_->match_prefix(id, m, tokens, limit, &matched));
+      ASSERT_EQ(matched % bs(m), 0);
+      ASSERT_LE(matched, std::min<int64_t>(limit, static_cast<int64_t>(tokens.size())));
+      ModelRef& mr = refs[static_cast<std::size_t>(m)];
+      mr.stream.assign(tokens.begin(), tokens.begin() + matched);
+      for (int32_t t : mr.stream) mr.tokens.push_back(kv_value(mr.tokens.empty() ? 0 : mr.tokens.back(), m, t));
+      matched_blocks_ += matched / bs(m);
+      int64_t again = -1;  // a second match into a sequence with KV is refused
+      if (matched > 0) SPECD_EXPECT_CODE(bm_->match_prefix(id, m, tokens, limit, &again), kFailedPrecondition);
+    }
+    verify_contents(id);  // each adopted position holds the value of its own token prefix
+    ++ops_ok_;
+  }
+
+  void do_cache(SeqId id, ModelIndex m) {
+    const ModelRef& mr = ref_[id][static_cast<std::size_t>(m)];
+    std::vector<int32_t> committed(mr.stream.begin(), mr.stream.begin() + static_cast<std::ptrdiff_t>(mr.tokens.size()));
+    SPECD_ASSERT_OK(bm_->cache_blocks(id, m, committed));
+    if (committed.size() >= 4) corpus_.push_back(committed);
+    if (corpus_.size() > 64) corpus_.erase(corpus_.begin());
+    ++ops_ok_;
+  }
+
   void do_free(SeqId id) {
+    if (caching_ && rand_int(0, 1) == 0) do_cache(id, pick_model());
     SPECD_ASSERT_OK(bm_->free_sequence(id));
     ref_.erase(id);
     ++ops_ok_;
@@ -157,9 +211,16 @@ class Fuzzer {
                                                         << " also belongs to seq " << other;
     }
     mr.pending.clear();
+    mr.stream.resize(mr.tokens.size());
     for (int32_t i = 0; i < n; ++i) {
-      mr.pending.push_back(next_value_);
-      storage_[static_cast<std::size_t>(m)][static_cast<std::size_t>(slots[i])] = next_value_++;
+      int64_t value = next_value_++;
+      if (caching_) {
+        mr.stream.push_back(rand_int(0, 1));
+        const int64_t before = i > 0 ? mr.pending.back() : mr.tokens.empty() ? 0 : mr.tokens.back();
+        value = kv_value(before, m, mr.stream.back());
+      }
+      mr.pending.push_back(value);
+      storage_[static_cast<std::size_t>(m)][static_cast<std::size_t>(slots[i])] = value;
     }
   }
 
@@ -231,6 +292,7 @@ class Fuzzer {
     SPECD_ASSERT_OK(s);
     mr.tokens.insert(mr.tokens.end(), mr.pending.begin(), mr.pending.begin() + a);
     mr.pending.clear();
+    mr.stream.resize(mr.tokens.size());
     verify_contents(id);
     ++ops_ok_;
   }
@@ -256,6 +318,7 @@ class Fuzzer {
       ModelRef& mr = ref_[ids[i]][static_cast<std::size_t>(m)];
       mr.tokens.insert(mr.tokens.end(), mr.pending.begin(), mr.pending.begin() + as[i]);
       mr.pending.clear();
+      mr.stream.resize(mr.tokens.size());
       verify_contents(ids[i]);
     }
     ++ops_ok_;
@@ -273,6 +336,7 @@ class Fuzzer {
     SPECD_ASSERT_OK(s);
     mr.tokens.resize(static_cast<std::size_t>(new_len));
     mr.pending.clear();
+    mr.stream.resize(mr.tokens.size());
     verify_contents(id);
     ++ops_ok_;
   }
@@ -305,6 +369,9 @@ class Fuzzer {
 
   std::unique_ptr<BlockManager> bm_;
   std::mt19937_64 rng_;
+  bool caching_;
+  std::vector<std::vector<int32_t>> corpus_;  // token streams registered lately (prefix caching)
+  int64_t matched_blocks_ = 0;
   std::map<SeqId, std::vector<ModelRef>> ref_;
   std::vector<std::vector<int64_t>> storage_;  // per model: value written at each slot
   SeqId next_id_ = 100;
@@ -319,6 +386,7 @@ struct FuzzCase {
   std::vector<int64_t> bytes_per_token;
   uint64_t seed;
   int ops;
+  bool prefix_caching = false;
 };
 
 void PrintTo(const FuzzCase& c, std::ostream* os) { *os << c.name; }
@@ -327,24 +395,33 @@ class BlockManagerFuzz : public ::testing::TestWithParam<FuzzCase> {};
 
 TEST_P(BlockManagerFuzz, RandomOperationsMatchReference) {
   const FuzzCase& c = GetParam();
-  Fuzzer f(c.num_pages, c.target_block, c.bytes_per_token, c.seed);
+  Fuzzer f(c.num_pages, c.target_block, c.bytes_per_token, c.seed, c.prefix_caching);
   f.run(c.ops);
-  std::printf("[ fuzz     ] %s: %lld ops succeeded, %lld out-of-pages answers, %lld copy-on-write copies\n",
+  std::printf("[ fuzz     ] %s: %lld ops succeeded, %lld out-of-pages answers, %lld copy-on-write copies, "
+              "%lld blocks matched, %lld evictions\n",
               c.name, static_cast<long long>(f.ops_ok()), static_cast<long long>(f.out_of_pages()),
-              static_cast<long long>(f.copies()));
+              static_cast<long long>(f.copies()), static_cast<long long>(f.matched_blocks()),
+              static_cast<long long>(f.evictions()));
   // The run must have exercised the interesting paths, not just failed early.
   EXPECT_GT(f.ops_ok(), c.ops / 3);
   EXPECT_GT(f.out_of_pages(), 0);
   EXPECT_GT(f.copies(), 0);
+  if (c.prefix_caching) {
+    EXPECT_GT(f.matched_blocks(), 0);
+    EXPECT_GT(f.evictions(), 0);
+  }
 }
 
-// 4 cases x 30,000 operations = 120,000 random operations.
+// 7 cases x 30,000 operations = 210,000 random operations.
 INSTANTIATE_TEST_SUITE_P(
     Pools, BlockManagerFuzz,
     ::testing::Values(FuzzCase{"TinyPool", 16, 4, {6}, 1, 30000},          // constant pressure
                       FuzzCase{"TargetAndDraft", 24, 4, {6, 4}, 2, 30000},  // 4 + 6 tokens/page
                       FuzzCase{"ThreeModels", 40, 8, {6, 5, 3}, 3, 30000},  // uneven blocks
-                      FuzzCase{"OneTokenBlocks", 12, 1, {6, 2}, 4, 30000}), // target block of 1
+                      FuzzCase{"OneTokenBlocks", 12, 1, {6, 2}, 4, 30000},  // target block of 1
+                      FuzzCase{"PrefixCaching", 24, 4, {6}, 5, 30000, true},
+                      FuzzCase{"PrefixCachingTargetAndDraft", 32, 4, {6, 4}, 6, 30000, true},
+                      FuzzCase{"PrefixCachingOneTokenBlocks", 12, 1, {6, 2}, 7, 30000, true}),
     [](const ::testing::TestParamInfo<FuzzCase>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -30,8 +30,19 @@
 //   than are free returns kOutOfPages and changes nothing (recoverable: the scheduler
 //   preempts). So memory is never over-committed, whatever mix of target and draft KV.
 // - Every failed call returns a Status with a message and leaves the manager unchanged.
+// - Prefix caching (config.prefix_caching; off: the calls below do nothing and match
+//   nothing): full committed blocks are registered in a PrefixCache (prefix_cache.h) under
+//   their tokens and everything before them, by cache_blocks(seq, m, tokens); a new sequence
+//   adopts the pages of the longest registered prefix of its tokens by match_prefix()
+//   (reference counts, as fork). A registered page that no sequence references stays in the
+//   pool, evictable (page_pool.h): it counts as free, and allocation evicts the least
+//   recently released one when no page is truly free, so caching never costs capacity. A
+//   sequence writing into a registered page (after a rollback into it) first copies it if
+//   it is shared, else unregisters it, so a registered page's KV never changes. The caller
+//   vouches that `tokens` are the sequence's tokens (their KV is what its pages hold).
 // - Cost: reserve/commit/rollback are O(n / bs + 1) (the slots touched), independent of the
-//   sequence's length; fork and free are O(pages of the sequence); exports are O(pages out).
+//   sequence's length; fork and free are O(pages of the sequence); exports are O(pages out);
+//   match_prefix and cache_blocks are O(tokens matched or registered).
 // - Not thread-safe: one scheduler thread owns a BlockManager.
 #pragma once
 
@@ -42,6 +53,7 @@
 #include <vector>
 
 #include "specd/page_pool.h"
+#include "specd/prefix_cache.h"
 #include "specd/span.h"
 #include "specd/status.h"
 
@@ -60,6 +72,7 @@ struct BlockManagerConfig {
   int32_t num_pages = 0;           // pages in the pool (> 0)
   std::vector<ModelKvSpec> models; // 1..kMaxModels models; their index is their ModelIndex
   int32_t block_align = 1;         // tokens per block are rounded down to a multiple of this
+  bool prefix_caching = false;     // register full blocks for reuse by later sequences
 };
 
 // A copy the caller must perform (for model `model`) before writing reserved slots:
@@ -95,6 +108,14 @@ struct SeqKvInfo {
   int32_t num_pages = 0;  // ceil((c + r) / block_size)
 };
 
+// Prefix-cache figures of a BlockManager.
+struct PrefixCacheStats {
+  int64_t cached_pages = 0;     // pages registered (used or evictable)
+  int32_t evictable_pages = 0;  // registered pages no sequence references
+  int64_t evictions = 0;        // registered pages taken by allocation since creation
+  int64_t hit_pages = 0;        // pages adopted by match_prefix since creation
+};
+
 class BlockManager {
  public:
   static constexpr int kMaxModels = 8;
@@ -113,6 +134,8 @@ class BlockManager {
   int32_t num_free_pages() const { return pool_.num_free(); }
   int32_t num_used_pages() const { return pool_.num_used(); }
   int32_t page_refcount(int32_t page) const { return pool_.refcount(page); }
+  bool prefix_caching() const { return prefix_caching_; }
+  PrefixCacheStats prefix_cache_stats() const;
 
   // Pages a sequence needs to hold `num_tokens` tokens of model m: ceil(num_tokens / bs).
   int64_t pages_for_tokens(ModelIndex m, int64_t num_tokens) const;
@@ -134,6 +157,20 @@ class BlockManager {
   Status pages(SeqId seq, ModelIndex m, const std::vector<int32_t>** out) const;
   // Slots of positions [p0, p1) of the sequence (p1 <= c + r).
   Status slots(SeqId seq, ModelIndex m, int64_t p0, int64_t p1, std::vector<int64_t>* out) const;
+
+  // ---- prefix caching (rules above) ----
+  // For a sequence with no KV for model m (c == r == 0): adopts the pages of the longest
+  // registered prefix of `tokens`, whole blocks of at most `max_tokens` tokens, and sets
+  // c to its length, returned in *matched (0 when nothing matches or caching is off).
+  Status match_prefix(SeqId seq, ModelIndex m, Span<const int32_t> tokens, int64_t max_tokens,
+                      int64_t* matched);
+  // Registers the sequence's full committed blocks of model m not registered yet, those
+  // within [0, min(c, tokens.size())); `tokens` are the sequence's tokens from position 0.
+  // Stops at a block whose page holds another key. O(blocks registered) plus O(1).
+  Status cache_blocks(SeqId seq, ModelIndex m, Span<const int32_t> tokens);
+  // Forgets every registered block (evictable pages become free; sequences register their
+  // blocks again on their next cache_blocks). For benchmarks and tests. O(pages + sequences).
+  void reset_prefix_cache();
 
   // ---- lookahead: reserve, commit, rollback ----
   Status reserve(SeqId seq, ModelIndex m, int32_t n, Reservation* out);
@@ -163,7 +200,9 @@ class BlockManager {
   // Full consistency check, O(pages + sequences): every used page's refcount equals the
   // number of block-table entries naming it, free pages are referenced by none, each page
   // serves a single model, table sizes match lengths, pages holding reserved slots are not
-  // shared. Tests run it after every operation.
+  // shared nor registered, the pool's cached pages are the prefix cache's, and each
+  // sequence's registered chain covers only full committed blocks. Tests run it after every
+  // operation.
   Status check_invariants() const;
 
  private:
@@ -173,6 +212,7 @@ class BlockManager {
   };
   struct SeqModelState {
     std::vector<int32_t> pages;  // block table
+    std::vector<uint64_t> block_keys;  // prefix-cache key ids of its first full blocks
     int64_t committed = 0;
     int32_t reserved = 0;
   };
@@ -187,7 +227,8 @@ class BlockManager {
     int32_t cow_page;      // the shared page it would copy, or -1
   };
 
-  BlockManager(std::vector<ModelState> models, int64_t page_bytes, int32_t num_pages);
+  BlockManager(std::vector<ModelState> models, int64_t page_bytes, int32_t num_pages,
+               bool prefix_caching);
 
   Status find(SeqId seq, Sequence** out);
   Status find(SeqId seq, const Sequence** out) const;
@@ -199,10 +240,18 @@ class BlockManager {
   // Sets the sequence's length for model m to `len` (no reservation) and frees surplus pages.
   void truncate(SeqModelState* st, ModelIndex m, int64_t len);
   Status out_of_pages(const char* what, int64_t needed) const;
+  // pool_.allocate that also forgets an evicted page's cache entry (the caller counted it).
+  int32_t take_page();
+  // A sequence is about to write into `page` (its own, refcount 1): unregister it.
+  void unregister(int32_t page);
 
   std::vector<ModelState> models_;
   int64_t page_bytes_;
   PagePool pool_;
+  bool prefix_caching_;
+  PrefixCache cache_;
+  int64_t evictions_ = 0;
+  int64_t hit_pages_ = 0;
   std::unordered_map<SeqId, Sequence> seqs_;
   uint64_t batch_epoch_ = 0;
   std::vector<ReservePlan> plans_;      // scratch of reserve_batch (no allocation per step)

@@ -30,6 +30,14 @@
 //   are never preempted for newer ones.
 // - Copy-on-write page copies of all reservations are returned in order; perform them before
 //   the step's forwards.
+// - Prefix caching (when the BlockManager caches prefixes): the planner keeps a copy of each
+//   request's tokens (sync's new_tokens). Each sync registers the running requests' full
+//   committed blocks, target and draft; finish registers the last ones before freeing. On
+//   admission a request (unless added with use_prefix_cache = false) first adopts the
+//   longest cached prefix of its tokens for the target and the draft, whole blocks of at
+//   most length - 1 tokens (the last token is always fed), then is planned from there; the
+//   item reports the adopted tokens (cached_target, cached_draft), which become its computed
+//   KV. If it is not admitted after all, the adopted pages go back to the cache.
 // Requests are identified by RequestId; the caller owns their tokens and tells the planner
 // their lengths (sync) before each plan, and commits KV through the BlockManager itself.
 #pragma once
@@ -65,6 +73,17 @@ struct SequenceState {
   int64_t computed_target = 0;  // committed target KV
   int64_t computed_draft = 0;   // committed draft KV
   int64_t room = 0;             // tokens it may still emit
+  // Prefix caching only (else ignored): the request's tokens past its first
+  // length - new_tokens.size(), all of them on the first sync, those since the previous sync
+  // after that. Read during sync() only.
+  Span<const int32_t> new_tokens;
+};
+
+// Prefix-cache figures of a planner: tokens asked for and found at admissions.
+struct PrefixHitStats {
+  int64_t admissions = 0;     // admissions that looked up the cache
+  int64_t query_tokens = 0;   // their lengths, summed
+  int64_t hit_tokens = 0;     // target tokens adopted from the cache
 };
 
 // The policy's decision for a request (requests without one: k = 0).
@@ -82,6 +101,8 @@ struct WorkPlan {
   int32_t nodes = 0;        // draft nodes reserved
   bool fits = false;        // planned as decided (not shrunk to the budget)
   std::vector<int64_t> target_slots;  // [num_prefix + (1 + nodes if decide)]
+  int64_t cached_target = 0;          // admitted this step: target KV adopted from the prefix cache
+  int64_t cached_draft = 0;           // admitted this step: draft KV adopted from the prefix cache
   int32_t draft_catch_up = 0;         // draft model: tokens [computed_d, length) it processes first
   std::vector<int64_t> draft_slots;   // [draft_catch_up + (k - 1) * width] when the draft runs
   int32_t num_tokens() const { return num_prefix + (decide ? 1 + nodes : 0); }
@@ -99,10 +120,12 @@ class StepPlanner {
   // `blocks` must outlive the planner. Invalid configs make every call fail with the reason.
   StepPlanner(BlockManager* blocks, StepPlannerConfig config);
 
-  // A new request joins the back of the queue. Its id must be new.
-  Status add(RequestId id);
-  // A finished or aborted request leaves the planner; its KV is freed.
-  Status finish(RequestId id);
+  // A new request joins the back of the queue. Its id must be new. use_prefix_cache = false:
+  // it never adopts cached KV (e.g. it needs the prefill's logits of every prompt token).
+  Status add(RequestId id, bool use_prefix_cache = true);
+  // A finished or aborted request leaves the planner; its KV is freed. With prefix caching,
+  // `new_tokens` are its tokens since the last sync (its last full blocks get registered).
+  Status finish(RequestId id, Span<const int32_t> new_tokens = {});
   // Lengths and committed KV of the requests before plan() (unknown ids are an error).
   Status sync(Span<const SequenceState> states);
 
@@ -114,13 +137,16 @@ class StepPlanner {
   const std::vector<RequestId>& running() const { return running_; }
   const std::deque<RequestId>& waiting() const { return waiting_; }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  const PrefixHitStats& prefix_hit_stats() const { return hit_stats_; }
   // Draft KV slots past the catch-up of a depth-k draft proposal (rules above).
   int64_t draft_fed(int32_t k) const;
 
  private:
   struct Sequence {
-    SequenceState state;
+    SequenceState state;  // (new_tokens not kept)
     bool in_blocks = false;
+    bool use_prefix_cache = true;
+    std::vector<int32_t> tokens;  // prefix caching only
   };
   Status validate() const;
   int32_t nodes_for(int32_t k, ProposalKind kind) const;
@@ -128,7 +154,12 @@ class StepPlanner {
   // true: reserved; false: out of pages (nothing reserved). Other errors propagate.
   Status reserve(Sequence& s, WorkPlan* item, ProposalKind kind, StepPlan* out, bool* ok);
   Status reserve_or_preempt(Sequence& s, WorkPlan* item, ProposalKind kind, StepPlan* out, bool* ok);
-  Status admit(Sequence& s, WorkPlan* item, ProposalKind kind, StepPlan* out, bool* ok);
+  bool caching() const { return blocks_->prefix_caching(); }
+  Status take_tokens(Sequence& s, Span<const int32_t> new_tokens, int64_t length);
+  Status cache_blocks(const Sequence& s);
+  // Plans and admits the front waiting request (adopting its cached prefix first).
+  Status admit(Sequence& s, int32_t budget, const PlannedDecision* d, WorkPlan* item, StepPlan* out, bool* ok);
+  Status forget_blocks(Sequence& s);  // undoes admit()'s add_sequence and prefix match
   Status preempt(RequestId id, StepPlan* out);
 
   BlockManager* blocks_;
@@ -137,6 +168,7 @@ class StepPlanner {
   std::vector<RequestId> running_;
   std::deque<RequestId> waiting_;
   Reservation scratch_;
+  PrefixHitStats hit_stats_;
 };
 
 }  // namespace specd
