@@ -148,6 +148,142 @@ TEST(StepPlanner, PreemptsTheNewestRequestNeverAnOlderOne) {
   FAIL() << "three growing requests in 24 slots were never preempted";
 }
 
+// Prefix caching: a request drives the planner with its tokens (tokens[0, length) are its
+// tokens; the ones past `sent` go with the next sync).
+struct TokenReq {
+  Req r;
+  std::vector<int32_t> tokens;
+  std::size_t sent = 0;
+};
+
+Status sync_tokens(StepPlanner& p, std::vector<TokenReq*> reqs) {
+  std::vector<SequenceState> states;
+  for (TokenReq* t : reqs) {
+    const auto length = static_cast<std::size_t>(t->r.length);
+    states.push_back(SequenceState{t->r.id, t->r.length, t->r.computed_t, t->r.computed_d, t->r.room,
+                                   Span<const int32_t>(t->tokens.data() + t->sent, length - t->sent)});
+    t->sent = length;
+  }
+  return p.sync(states);
+}
+
+std::vector<int32_t> tokens_from(int32_t first, int n) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back(first + i);
+  return t;
+}
+
+// Runs steps (all requests plain or with the draft model at k 2) until `until` holds.
+template <class Until>
+void run_steps(BlockManager& bm, StepPlanner& p, std::vector<TokenReq*> reqs, ProposalKind kind, Until until) {
+  for (int step = 0; step < 64 && !until(); ++step) {
+    SPECD_ASSERT_OK(sync_tokens(p, reqs));
+    std::vector<PlannedDecision> d;
+    for (TokenReq* t : reqs) d.push_back({t->r.id, kind == ProposalKind::kNone ? 0 : 2, kind});
+    StepPlan plan;
+    SPECD_ASSERT_OK(p.plan(d, &plan));
+    for (const WorkPlan& w : plan.items)
+      for (TokenReq* t : reqs)
+        if (t->r.id == w.id) {
+          t->r.computed_t += w.cached_target;
+          t->r.computed_d += w.cached_draft;
+          commit(bm, w, &t->r);
+        }
+    SPECD_ASSERT_OK(bm.check_invariants());
+  }
+  ASSERT_TRUE(until());
+}
+
+TEST(StepPlanner, AdmissionAdoptsTheCachedPrefixForTargetAndDraft) {
+  auto bm = make_manager(64, 4, {6, 3}, 1, true);  // target blocks of 4 tokens, draft blocks of 8
+  StepPlanner p(bm.get(), StepPlannerConfig{4, 64, true, 4});
+  TokenReq a{{1, 20}, tokens_from(100, 64)};
+  SPECD_ASSERT_OK(p.add(1));
+  run_steps(*bm, p, {&a}, ProposalKind::kDraftModel, [&] { return a.r.computed_d >= 20; });
+  // a's committed blocks are registered at the next sync; b shares its first 18 tokens.
+  TokenReq b{{2, 25}, tokens_from(100, 64)};
+  b.tokens[18] = 7;
+  SPECD_ASSERT_OK(p.add(2));
+  SPECD_ASSERT_OK(sync_tokens(p, {&a, &b}));
+  StepPlan plan;
+  SPECD_ASSERT_OK(p.plan(std::vector<PlannedDecision>{{2, 2, ProposalKind::kDraftModel}}, &plan));
+  ASSERT_EQ(plan.admitted, (std::vector<RequestId>{2}));
+  const WorkPlan& w = plan.items.back();
+  EXPECT_EQ(w.cached_target, 16);  // four target blocks of the 18 shared tokens
+  EXPECT_EQ(w.cached_draft, 16);   // two draft blocks
+  EXPECT_EQ(w.num_prefix, 25 - 1 - 16);
+  EXPECT_EQ(w.draft_catch_up, 25 - 16);
+  EXPECT_EQ(info_of(*bm, 2, 0).committed + info_of(*bm, 2, 0).reserved, 16 + w.num_tokens());
+  EXPECT_EQ(pages_of(*bm, 2)[0], pages_of(*bm, 1)[0]);
+  EXPECT_EQ(p.prefix_hit_stats().hit_tokens, 16);
+  EXPECT_EQ(p.prefix_hit_stats().query_tokens, 20 + 25);
+  EXPECT_EQ(p.prefix_hit_stats().admissions, 2);
+  SPECD_ASSERT_OK(bm->check_invariants());
+}
+
+TEST(StepPlanner, PrefixCacheOptOutPreemptionAndFinish) {
+  auto bm = make_manager(64, 4, {6}, 1, true);
+  StepPlanner p(bm.get(), StepPlannerConfig{4, 64, false, 0});
+  TokenReq a{{1, 13}, tokens_from(0, 64)};
+  SPECD_ASSERT_OK(p.add(1));
+  run_steps(*bm, p, {&a}, ProposalKind::kNone, [&] { return a.r.length >= 15; });
+  // finish registers the last full blocks with the tokens since the last sync.
+  const auto before = bm->prefix_cache_stats().cached_pages;
+  const std::vector<int32_t> tail(a.tokens.begin() + static_cast<std::ptrdiff_t>(a.sent),
+                                  a.tokens.begin() + a.r.length);
+  SPECD_ASSERT_OK(p.finish(1, tail));
+  EXPECT_EQ(bm->prefix_cache_stats().cached_pages, a.r.computed_t / 4);
+  EXPECT_GE(bm->prefix_cache_stats().cached_pages, before);
+  // Opted out: adopts nothing.
+  TokenReq b{{2, 14}, tokens_from(0, 64)};
+  SPECD_ASSERT_OK(p.add(2, /*use_prefix_cache=*/false));
+  SPECD_ASSERT_OK(sync_tokens(p, {&b}));
+  StepPlan plan;
+  SPECD_ASSERT_OK(p.plan({}, &plan));
+  ASSERT_EQ(plan.items.size(), 1u);
+  EXPECT_EQ(plan.items[0].cached_target, 0);
+  EXPECT_EQ(plan.items[0].num_prefix, 13);
+  commit(*bm, plan.items[0], &b.r);
+  // The same tokens in a request that looks up: adopts 12 of its 13 prefix tokens.
+  TokenReq c{{3, 14}, tokens_from(0, 64)};
+  SPECD_ASSERT_OK(p.add(3));
+  SPECD_ASSERT_OK(sync_tokens(p, {&b, &c}));
+  SPECD_ASSERT_OK(p.plan({}, &plan));
+  ASSERT_EQ(plan.admitted, (std::vector<RequestId>{3}));
+  EXPECT_EQ(plan.items.back().cached_target, 12);
+  EXPECT_EQ(plan.items.back().num_prefix, 1);
+}
+
+TEST(StepPlanner, APreemptedRequestReadoptsItsOwnBlocks) {
+  auto bm = make_manager(8, 4, {6}, 1, true);  // 8 pages of 4 tokens
+  StepPlanner p(bm.get(), StepPlannerConfig{4, 64, false, 0});
+  TokenReq a{{1, 9}, tokens_from(0, 64)}, b{{2, 9}, tokens_from(500, 64)};
+  SPECD_ASSERT_OK(p.add(1));
+  SPECD_ASSERT_OK(p.add(2));
+  bool preempted = false;
+  for (int step = 0; step < 40 && !preempted; ++step) {
+    SPECD_ASSERT_OK(sync_tokens(p, {&a, &b}));
+    StepPlan plan;
+    SPECD_ASSERT_OK(p.plan({}, &plan));
+    for (const WorkPlan& w : plan.items) commit(*bm, w, w.id == 1 ? &a.r : &b.r);
+    if (!plan.preempted.empty()) {
+      ASSERT_EQ(plan.preempted, (std::vector<RequestId>{2}));
+      b.r.computed_t = 0;
+      preempted = true;
+    }
+  }
+  ASSERT_TRUE(preempted);
+  const int64_t full = b.r.length / 4;  // b's registered blocks are evictable now
+  SPECD_ASSERT_OK(p.finish(1));         // room for b again
+  SPECD_ASSERT_OK(sync_tokens(p, {&b}));
+  StepPlan plan;
+  SPECD_ASSERT_OK(p.plan({}, &plan));
+  ASSERT_EQ(plan.admitted, (std::vector<RequestId>{2}));
+  EXPECT_GT(plan.items[0].cached_target, 0);
+  EXPECT_LE(plan.items[0].cached_target, full * 4);
+  SPECD_ASSERT_OK(bm->check_invariants());
+}
+
 TEST(StepPlanner, BadInput) {
   auto bm = make_manager(16);
   StepPlanner p(bm.get(), StepPlannerConfig{2, 16, false, 4});
@@ -166,6 +302,14 @@ TEST(StepPlanner, BadInput) {
   SPECD_EXPECT_CODE(no_draft.plan({}, &plan), kInvalidArgument);
   SPECD_ASSERT_OK(p.finish(1));
   EXPECT_FALSE(p.has_work());
+  // Prefix caching: new_tokens must continue the tokens the planner holds.
+  auto cached = make_manager(16, 4, {6}, 1, true);
+  StepPlanner q(cached.get(), StepPlannerConfig{2, 16, false, 4});
+  SPECD_ASSERT_OK(q.add(1));
+  const std::vector<int32_t> three{1, 2, 3};
+  SPECD_EXPECT_CODE(q.sync(std::vector<SequenceState>{{1, 5, 0, 0, 10, three}}), kInvalidArgument);
+  SPECD_ASSERT_OK(q.sync(std::vector<SequenceState>{{1, 3, 0, 0, 10, three}}));
+  SPECD_ASSERT_OK(q.sync(std::vector<SequenceState>{{1, 4, 0, 0, 10, Span<const int32_t>(three.data(), 1)}}));
 }
 
 }  // namespace
