@@ -39,8 +39,10 @@ PyReservation to_python(Reservation&& r) {
 class PyBlockManager {
  public:
   PyBlockManager(int64_t page_bytes, int32_t num_pages,
-                 const std::vector<std::pair<std::string, int64_t>>& models, int32_t block_align) {
+                 const std::vector<std::pair<std::string, int64_t>>& models, int32_t block_align,
+                 bool prefix_caching) {
     BlockManagerConfig config;
+    config.prefix_caching = prefix_caching;
     config.page_bytes = page_bytes;
     config.num_pages = num_pages;
     config.block_align = block_align;
@@ -109,10 +111,41 @@ void bind_block_manager(py::module_& m) {
                  "Paged KV-cache allocator with lookahead reservation, commit/rollback and fork "
                  "with copy-on-write, for one or more models sharing one page pool. See "
                  "docs/api.md for the rules.")
-      .def(py::init<int64_t, int32_t, const std::vector<std::pair<std::string, int64_t>>&, int32_t>(),
+      .def(py::init<int64_t, int32_t, const std::vector<std::pair<std::string, int64_t>>&, int32_t, bool>(),
            py::arg("page_bytes"), py::arg("num_pages"), py::arg("models"),
-           py::arg("block_align") = 1,
-           "models: list of (name, kv_bytes_per_token); the first is the target by convention.")
+           py::arg("block_align") = 1, py::arg("prefix_caching") = false,
+           "models: list of (name, kv_bytes_per_token); the first is the target by convention. "
+           "prefix_caching: register full committed blocks so later sequences adopt them.")
+      .def_property_readonly("prefix_caching", [](const BM& b) { return b.get().prefix_caching(); })
+      .def_property_readonly("prefix_cache_stats",
+                             [](const BM& b) {
+                               const PrefixCacheStats s = b.get().prefix_cache_stats();
+                               py::dict d;
+                               d["cached_pages"] = s.cached_pages;
+                               d["evictable_pages"] = s.evictable_pages;
+                               d["evictions"] = s.evictions;
+                               d["hit_pages"] = s.hit_pages;
+                               return d;
+                             },
+                             "dict: cached_pages (registered), evictable_pages (registered, unreferenced), "
+                             "evictions and hit_pages (adopted by match_prefix) since creation.")
+      .def("match_prefix",
+           [](BM& b, SeqId s, const InArray<int32_t>& tokens, int64_t max_tokens, const ModelArg& mi) {
+             int64_t matched = 0;
+             check(b.get().match_prefix(s, b.model(mi), as_span(tokens, "tokens"), max_tokens, &matched));
+             return matched;
+           },
+           py::arg("seq"), py::arg("tokens"), py::arg("max_tokens"), model0,
+           "For a sequence with no KV for the model: adopts the pages of the longest registered prefix of "
+           "`tokens` (whole blocks, at most max_tokens tokens); returns its length (its committed length now).")
+      .def("cache_blocks",
+           [](BM& b, SeqId s, const InArray<int32_t>& tokens, const ModelArg& mi) {
+             check(b.get().cache_blocks(s, b.model(mi), as_span(tokens, "tokens")));
+           },
+           py::arg("seq"), py::arg("tokens"), model0,
+           "Registers the sequence's full committed blocks not registered yet; `tokens` are its tokens from 0.")
+      .def("reset_prefix_cache", [](BM& b) { b.get().reset_prefix_cache(); },
+           "Forgets every registered block (evictable pages become free).")
       .def_property_readonly("num_models", [](const BM& b) { return b.get().num_models(); })
       .def_property_readonly("model_names", &BM::model_names)
       .def_property_readonly("page_bytes", [](const BM& b) { return b.get().page_bytes(); })
@@ -260,22 +293,33 @@ void bind_block_manager(py::module_& m) {
            py::arg("blocks"), py::arg("max_num_seqs"), py::arg("max_num_batched_tokens"), py::arg("uses_draft_kv"),
            py::arg("k_max"), py::arg("model_free_tree_nodes") = -1, py::arg("draft_tree_width") = 1,
            py::arg("draft_tree_nodes") = -1, py::keep_alive<1, 2>())
-      .def("add", [](StepPlanner& p, int64_t id) { check(p.add(id)); }, py::arg("request"))
-      .def("finish", [](StepPlanner& p, int64_t id) { check(p.finish(id)); }, py::arg("request"))
+      .def("add", [](StepPlanner& p, int64_t id, bool use_prefix_cache) { check(p.add(id, use_prefix_cache)); },
+           py::arg("request"), py::arg("use_prefix_cache") = true)
+      .def("finish",
+           [](StepPlanner& p, int64_t id, const std::vector<int32_t>& new_tokens) { check(p.finish(id, new_tokens)); },
+           py::arg("request"), py::arg("new_tokens") = std::vector<int32_t>{},
+           "With prefix caching, new_tokens are its tokens since the last sync (its last blocks get registered).")
       .def("sync",
            [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int64_t>& lengths,
               const std::vector<int64_t>& computed_target, const std::vector<int64_t>& computed_draft,
-              const std::vector<int64_t>& rooms) {
+              const std::vector<int64_t>& rooms, const std::vector<std::vector<int32_t>>& new_tokens) {
              const std::size_t n = ids.size();
              if (lengths.size() != n || computed_target.size() != n || computed_draft.size() != n || rooms.size() != n)
                raise_status(error_status(StatusCode::kInvalidArgument, "StepPlanner.sync: the five lists must have "
                                          "one entry per request"));
+             if (!new_tokens.empty() && new_tokens.size() != n)
+               raise_status(error_status(StatusCode::kInvalidArgument, "StepPlanner.sync: new_tokens has ",
+                                         new_tokens.size(), " entries for ", n, " requests"));
              std::vector<SequenceState> states(n);
-             for (std::size_t i = 0; i < n; ++i)
+             for (std::size_t i = 0; i < n; ++i) {
                states[i] = SequenceState{ids[i], lengths[i], computed_target[i], computed_draft[i], rooms[i]};
+               if (!new_tokens.empty()) states[i].new_tokens = new_tokens[i];
+             }
              check(p.sync(states));
            },
-           py::arg("ids"), py::arg("lengths"), py::arg("computed_target"), py::arg("computed_draft"), py::arg("rooms"))
+           py::arg("ids"), py::arg("lengths"), py::arg("computed_target"), py::arg("computed_draft"), py::arg("rooms"),
+           py::arg("new_tokens") = std::vector<std::vector<int32_t>>{},
+           "new_tokens (prefix caching only): per request, its tokens since the previous sync (all on the first).")
       .def("candidates", &StepPlanner::candidates, "Running requests, then the waiting ones this step may admit.")
       .def("plan",
            [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int32_t>& ks,
@@ -297,14 +341,27 @@ void bind_block_manager(py::module_& m) {
                const bool draft = !w.draft_slots.empty() || w.draft_catch_up > 0;
                items.append(py::make_tuple(w.id, w.num_prefix, w.decide, w.k, w.nodes, w.fits,
                                            to_numpy(std::move(w.target_slots)), w.draft_catch_up,
-                                           draft ? py::object(to_numpy(std::move(w.draft_slots))) : py::none()));
+                                           draft ? py::object(to_numpy(std::move(w.draft_slots))) : py::none(),
+                                           w.cached_target, w.cached_draft));
              }
              PyReservation copies = to_python(Reservation{{}, std::move(plan.copies)});
              return py::make_tuple(items, copies.copies, plan.preempted, plan.admitted);
            },
            py::arg("ids"), py::arg("ks"), py::arg("kinds"),
            "(items, copies, preempted, admitted): items are (id, num_prefix, decide, k, nodes, fits, target_slots, "
-           "draft_catch_up, draft_slots or None); copies int32 [n, 4] (model, src_page, dst_page, num_tokens).")
+           "draft_catch_up, draft_slots or None, cached_target, cached_draft); copies int32 [n, 4] (model, src_page, "
+           "dst_page, num_tokens).")
+      .def_property_readonly("prefix_hit_stats",
+                             [](const StepPlanner& p) {
+                               const PrefixHitStats& s = p.prefix_hit_stats();
+                               py::dict d;
+                               d["admissions"] = s.admissions;
+                               d["query_tokens"] = s.query_tokens;
+                               d["hit_tokens"] = s.hit_tokens;
+                               return d;
+                             },
+                             "dict: admissions that looked up the prefix cache, their tokens, and the target "
+                             "tokens found (since creation).")
       .def_property_readonly("running", &StepPlanner::running)
       .def_property_readonly("waiting", [](const StepPlanner& p) {
         return std::vector<RequestId>(p.waiting().begin(), p.waiting().end());

@@ -40,7 +40,7 @@ class KVCachePool:
     """Page storage and per-layer K/V views for each model, plus the block manager."""
 
     def __init__(self, models: list[KVModel], num_pages: int, target_block_size: int = 16,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", prefix_caching: bool = False):
         if not models:
             raise InvalidArgumentError("KVCachePool needs at least one model")
         for m in models:
@@ -52,7 +52,8 @@ class KVCachePool:
         self.models = models
         self.page_bytes = target_block_size * models[0].bytes_per_token
         self.blocks = BlockManager(page_bytes=self.page_bytes, num_pages=num_pages,
-                                   models=[(m.name, m.bytes_per_token) for m in models])
+                                   models=[(m.name, m.bytes_per_token) for m in models],
+                                   prefix_caching=prefix_caching)
         self.storage = torch.zeros(num_pages * self.page_bytes, dtype=torch.uint8, device=device)
         self._layers = [self._views(i, m) for i, m in enumerate(models)]
         self._stacked: list = [None] * len(models)  # per model: (k, v) of all layers (stacked_kv), on first use

@@ -75,6 +75,7 @@ class SpecdRunner:
     def run(self, c: BenchConfig, prompt: str, max_tokens: Optional[int] = None) -> Sample:
         llm = self.llm(c)
         llm.engine.timings.reset()
+        llm.reset_prefix_cache()  # every repetition prefills its prompt, as on first sight
         start = time.perf_counter()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens or self.max_tokens, ignore_eos=True)
         out = llm.generate(prompt, params)[0]

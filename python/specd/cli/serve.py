@@ -24,6 +24,9 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-tree-width", type=int, default=1, help="with a draft model: 1 = chains; 2..8 = trees")
     p.add_argument("--max-num-seqs", type=int, default=32, help="requests in one batch at most (default 32)")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30, help="bytes of KV cache (default 1 GiB)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn automatic prefix caching off (default on: requests sharing a prompt prefix, e.g. a "
+                        "system prompt or earlier chat turns, reuse its KV instead of prefilling it)")
     p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: the "
                    "target's file or directory name)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes (default: "
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print("specd serve: error: --method draft needs --draft", file=sys.stderr)
         return 2
     llm = specd.LLM(target, draft, spec, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-                    kv_cache_memory=args.kv_cache_memory)
+                    kv_cache_memory=args.kv_cache_memory, enable_prefix_caching=not args.no_prefix_caching)
     name = args.served_model_name or target.name
     app = make_app(AsyncLLM(llm), name, args.api_key or os.environ.get("SPECD_API_KEY") or None)
     print(f"[specd] serving `{name}` on http://{args.host}:{args.port} (speculation: {spec.method_name}, "

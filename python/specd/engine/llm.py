@@ -68,6 +68,14 @@ class LLM:
     speculation: SpeculationConfig (default: "draft" with k=4 when a draft is given, else none).
     kv_cache_memory: bytes of the shared KV page pool (target + draft), or num_kv_pages.
     max_num_seqs / max_num_batched_tokens: continuous-batching limits per step.
+    enable_prefix_caching: automatic prefix caching (on by default, as in vLLM and SGLang):
+        full blocks of computed KV (target and draft) are kept, keyed by their tokens and
+        everything before them, and a request whose tokens start with cached blocks adopts
+        them instead of prefilling them (RequestOutput.num_cached_tokens says how many). Cached
+        blocks no request uses stay in the pool until their pages are needed, least recently
+        used first, so caching never takes capacity. Requests asking for prompt_logprobs
+        compute their whole prompt. Outputs are those of prefilling the prompt, to float
+        rounding (the cached KV came from another forward's batch).
     max_model_len: context limit (prompt + output); default the target's max positions.
     policy: a SpeculationPolicy object or a registered policy name ("none", "static",
         "switch_off", "goodput" or a plugin's); default: speculation.policy.
@@ -113,7 +121,8 @@ class LLM:
                  max_model_len: Optional[int] = None, seed: int = 0,
                  policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                  draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                 fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None):
+                 fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None,
+                 enable_prefix_caching: bool = True):
         torch_dtype = _dtype(dtype, device)
         if speculation is None:
             speculation = SpeculationConfig(method="draft" if draft is not None else "none")
@@ -128,7 +137,7 @@ class LLM:
                     num_kv_pages=num_kv_pages, block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len, seed=seed,
                     policy=policy, timer=timer, draft_graph=draft_graph, target_graph=target_graph,
-                    fused_layers=fused_layers, kernels=kernels)
+                    fused_layers=fused_layers, kernels=kernels, enable_prefix_caching=enable_prefix_caching)
 
     @classmethod
     def from_models(cls, target_model, draft_model=None, speculation: Optional[SpeculationConfig] = None, *,
@@ -137,7 +146,8 @@ class LLM:
                     max_num_batched_tokens: int = 1024, max_model_len: Optional[int] = None, seed: int = 0,
                     policy: Union[str, SpeculationPolicy, None] = None, timer=None,
                     draft_graph: Optional[bool] = None, target_graph: Optional[bool] = None,
-                    fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None) -> "LLM":
+                    fused_layers: Optional[bool] = None, kernels: Optional[KernelChoice] = None,
+                    enable_prefix_caching: bool = True) -> "LLM":
         """An LLM over models already built: objects with ``config`` (ModelConfig), ``dtype``,
         ``device``, ``window`` and LlamaModel's ``__call__(input_ids, meta, kv, indices)``
         (e.g. the trace-replay models of ``specd bench load --simulated``)."""
@@ -149,7 +159,8 @@ class LLM:
                     kv_cache_memory=kv_cache_memory, num_kv_pages=num_kv_pages, block_size=block_size,
                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                     max_model_len=max_model_len, seed=seed, policy=policy, timer=timer, draft_graph=draft_graph,
-                    target_graph=target_graph, fused_layers=fused_layers, kernels=kernels)
+                    target_graph=target_graph, fused_layers=fused_layers, kernels=kernels,
+                    enable_prefix_caching=enable_prefix_caching)
         return self
 
     @staticmethod
@@ -167,7 +178,7 @@ class LLM:
     def _setup(self, target_model, draft_model, tokenizer, speculation: SpeculationConfig, *, device,
                kv_cache_memory, num_kv_pages, block_size, max_num_seqs, max_num_batched_tokens, max_model_len,
                seed, policy, timer, draft_graph=None, target_graph=None, fused_layers=None,
-               kernels=None) -> None:
+               kernels=None, enable_prefix_caching=True) -> None:
         self.tokenizer = tokenizer
         self.target, self.draft = target_model, draft_model
         _set_fused_layers(fused_layers, target_model, draft_model)
@@ -177,7 +188,7 @@ class LLM:
         if self.draft is not None:
             models.append(KVModel("draft", draft_model.config, self.draft.dtype))
         pages = num_kv_pages or KVCachePool.pages_for_memory(kv_cache_memory, models[0], block_size)
-        self.pool = KVCachePool(models, pages, block_size, device)
+        self.pool = KVCachePool(models, pages, block_size, device, prefix_caching=bool(enable_prefix_caching))
         limit = tc.max_position_embeddings
         if max_model_len is not None and not (isinstance(max_model_len, int) and 2 <= max_model_len <= limit):
             raise InvalidArgumentError(f"max_model_len must be an int in [2, {limit}], got {max_model_len!r}")
@@ -211,8 +222,9 @@ class LLM:
         """Starts serving afresh, as a new LLM with the same arguments would, but keeps what is
         costly to make: the models, the KV page pool and the captured CUDA graphs. Dropped: the
         policy's learned estimates (a new policy: ``policy``, else one made from the
-        speculation config), the proposers' indexes, the engine's timings and telemetry, and
-        the request counter (request ids, hence unseeded sampling streams, restart at 0).
+        speculation config), the proposers' indexes, the engine's timings and telemetry, the
+        prefix cache, and the request counter (request ids, hence unseeded sampling streams,
+        restart at 0).
         Raises FailedPreconditionError while requests are in flight (finish or abort them)."""
         from specd.errors import FailedPreconditionError
 
@@ -222,6 +234,7 @@ class LLM:
             policy = self._configured_policy()
         elif isinstance(policy, str):
             policy = make_policy(policy, self.speculation)
+        self.reset_prefix_cache()
         engine = Engine(self.target, self.draft, self.pool, self.speculation, policy, self._scheduler_config,
                         timer=self._timer)
         engine.draft_graph, engine.target_graph = self.draft_graph, self.target_graph
@@ -229,6 +242,25 @@ class LLM:
         self.engine = engine
         self._next_id = 0
         self._online.clear()  # only ended requests can be left (their final chunks are dropped)
+
+    @property
+    def prefix_caching(self) -> bool:
+        return bool(self.pool.blocks.prefix_caching)
+
+    def prefix_cache_stats(self) -> dict:
+        """Prefix-cache figures: since this engine started (LLM.reset starts a new one),
+        ``admissions`` that looked the cache up, their ``query_tokens`` and the ``hit_tokens``
+        found, with ``hit_rate`` = hit_tokens / query_tokens; of the pool, ``cached_pages``,
+        ``evictable_pages`` (cached, used by no request), ``evictions`` and ``hit_pages``
+        (adopted, target and draft) since creation. Empty without prefix caching."""
+        stats = self.engine.scheduler.prefix_stats
+        if stats:
+            stats["hit_rate"] = stats["hit_tokens"] / stats["query_tokens"] if stats["query_tokens"] else 0.0
+        return stats
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every cached block (for benchmarks that compare cold and warm runs)."""
+        self.pool.blocks.reset_prefix_cache()
 
     def _configured_policy(self) -> SpeculationPolicy:
         """A new policy of the speculation config's ``policy``."""
@@ -348,8 +380,12 @@ class LLM:
         return [self._make_request(p, sp) for p, sp in zip(prompts, params)]
 
     def metrics(self) -> dict:
-        """Engine-wide speculation telemetry since the LLM was made (see Engine.metrics)."""
-        return self.engine.metrics()
+        """Engine-wide speculation telemetry since the LLM was made (see Engine.metrics), with
+        ``prefix_cache`` (prefix_cache_stats()) when prefix caching is on."""
+        out = self.engine.metrics()
+        if self.prefix_caching:
+            out["prefix_cache"] = self.prefix_cache_stats()
+        return out
 
     # ---- generation ----
 

@@ -20,6 +20,10 @@ class RequestMetrics:
     accepted_per_position: how often the draft at depth 1, 2, ... was accepted.
     tokens_per_s: generated tokens / seconds from the first scheduled step to the end.
     preemptions: times its KV was freed for lack of pages (and recomputed).
+    cached_tokens: prompt tokens whose target KV came from the prefix cache when it was first
+        admitted (not computed for it; 0 without prefix caching).
+    prefilled_tokens: target tokens it fed as prefill (its prompt less the cached part, plus
+        any recomputation after preemption).
     k_per_step / methods_per_step / predicted_tokens / realised_tokens: per verify step, the
         speculation policy's choice, its expected tokens and the tokens actually generated.
     """
@@ -30,6 +34,8 @@ class RequestMetrics:
     generated_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     preemptions: int = 0
+    cached_tokens: int = 0
+    prefilled_tokens: int = 0
     seconds: float = 0.0
     # Telemetry per verify step: the k chosen, its proposer, the tokens the policy expected
     # the step to yield, and the tokens it did yield (accepted drafts + bonus).
@@ -55,6 +61,7 @@ class RequestMetrics:
                 "accepted_tokens": self.accepted_tokens, "generated_tokens": self.generated_tokens,
                 "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
                 "accepted_per_position": list(self.accepted_per_position), "preemptions": self.preemptions,
+                "cached_tokens": self.cached_tokens, "prefilled_tokens": self.prefilled_tokens,
                 "tokens_per_s": self.tokens_per_s, "seconds": self.seconds,
                 "k_per_step": list(self.k_per_step), "methods_per_step": list(self.methods_per_step),
                 "predicted_tokens": list(self.predicted_tokens), "realised_tokens": list(self.realised_tokens)}
@@ -77,6 +84,11 @@ class RequestOutput:
     cumulative_logprob: Optional[float] = None
     # With SamplingParams.prompt_logprobs: per prompt token, as logprobs (the first: None).
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (vLLM's RequestOutput.num_cached_tokens)."""
+        return self.metrics.cached_tokens
 
 
 @dataclass

@@ -13,6 +13,13 @@ exactly as this engine does. This class adapts it to the engine's Request object
 - it applies the plan: copy-on-write page copies, WorkItems, and the Request state of
   preempted (KV freed, recomputed later from their tokens) and admitted requests.
 
+With prefix caching (the pool's BlockManager has it on), the planner also keeps each
+request's tokens (sent with each sync: the ones since the previous sync), registers the full
+blocks of committed KV, and on admission a request adopts the longest cached prefix of its
+tokens (target and draft): its item says how many tokens (``cached_target`` /
+``cached_draft``), which become its computed KV. A request that wants its prompt's logprobs
+opts out (it needs the prefill's logits of every prompt token).
+
 A running request's KV covers tokens ``[0, computed)`` (target model 0; draft model 1). Its
 last token never has KV before a step: a step feeds ``tokens[computed : L-1]`` (prefill,
 chunked by the token budget) and, once that prefix is complete, the root (the last token)
@@ -76,6 +83,8 @@ class Scheduler:
             draft_tree_nodes=config.draft_tree_nodes)
         self.requests: dict[int, Request] = {}
         self._unsynced: list[int] = []  # added since the last sync (the planner has no state for them)
+        self.prefix_caching = bool(pool.blocks.prefix_caching)
+        self._sent: dict[int, int] = {}  # prefix caching: tokens of each request the planner holds
         # Fills StepRequest.node_probs before decide (the engine sets it for policies that
         # want node probabilities; None: not asked).
         self.probe: Optional[Callable[[list[StepRequest]], None]] = None
@@ -97,9 +106,24 @@ class Scheduler:
         return self.planner.has_work
 
     def add(self, request: Request) -> None:
-        self.planner.add(request.id)
+        self.planner.add(request.id, use_prefix_cache=not request.wants_prompt_rows)
         self.requests[request.id] = request
         self._unsynced.append(request.id)
+        if self.prefix_caching:
+            self._sent[request.id] = 0
+
+    def _new_tokens(self, req: Request) -> list[int]:
+        """The request's tokens the planner does not hold yet (prefix caching)."""
+        sent, self._sent[req.id] = self._sent[req.id], req.length
+        return req.tokens[sent:]
+
+    @property
+    def prefix_stats(self) -> dict:
+        """The planner's admissions that looked up the prefix cache, their tokens and the
+        tokens found, and the pool's cache figures (empty without prefix caching)."""
+        if not self.prefix_caching:
+            return {}
+        return {**self.planner.prefix_hit_stats, **self.blocks.prefix_cache_stats}
 
     def _step_request(self, req: Request, room: int) -> StepRequest:
         length = req.length
@@ -116,7 +140,8 @@ class Scheduler:
         self._unsynced.clear()
         rooms = {r.id: r.room() for r in reqs}
         self.planner.sync(list(rooms), [r.length for r in reqs], [r.computed[TARGET] for r in reqs],
-                          [r.computed[DRAFT] for r in reqs], list(rooms.values()))
+                          [r.computed[DRAFT] for r in reqs], list(rooms.values()),
+                          [self._new_tokens(r) for r in reqs] if self.prefix_caching else [])
         # One decision per step for the running batch and the waiting requests it may admit.
         candidates = self.planner.candidates()
         observe_load = getattr(self.policy, "observe_load", None)
@@ -138,22 +163,33 @@ class Scheduler:
             req.computed = [0, 0]
             req.metrics.preemptions += 1
             req.status = Status.WAITING
+        admitted = set(admitted)
         for i in admitted:
             self.requests[i].in_blocks = True
             self.requests[i].status = Status.RUNNING
-        return [self._item(decisions.get(rid), *rest, rid=rid) for rid, *rest in items]
+        return [self._item(decisions.get(rid), *rest, rid=rid, admitted=rid in admitted) for rid, *rest in items]
 
     def _item(self, decision: Optional[Decision], num_prefix: int, decide: bool, k: int, nodes: int, fits: bool,
-              target_slots: np.ndarray, draft_catch_up: int, draft_slots: Optional[np.ndarray], *, rid: int
-              ) -> WorkItem:
+              target_slots: np.ndarray, draft_catch_up: int, draft_slots: Optional[np.ndarray],
+              cached_target: int, cached_draft: int, *, rid: int, admitted: bool) -> WorkItem:
+        req = self.requests[rid]
+        if admitted:  # its KV starts with what it adopted from the prefix cache
+            req.computed = [cached_target, cached_draft]
+            if req.metrics.verify_steps == 0 and req.metrics.prefilled_tokens == 0:
+                req.metrics.cached_tokens = cached_target
+        req.metrics.prefilled_tokens += num_prefix
         method = decision.method if decision is not None and k > 0 else "none"
         predicted = decision.predicted_tokens if decision is not None and k > 0 and fits else 1.0
-        return WorkItem(self.requests[rid], num_prefix, decide, k, nodes, target_slots, draft_catch_up,
+        return WorkItem(req, num_prefix, decide, k, nodes, target_slots, draft_catch_up,
                         draft_slots, method=method, predicted_tokens=predicted)
 
     def finish(self, request: Request) -> None:
         """Frees a finished (or aborted) request's KV and drops it from the queues."""
         if request.id in self.requests:
-            self.planner.finish(request.id)
+            if self.prefix_caching:  # its last full blocks get registered
+                self.planner.finish(request.id, self._new_tokens(request))
+                del self._sent[request.id]
+            else:
+                self.planner.finish(request.id)
             del self.requests[request.id]
         request.in_blocks = False

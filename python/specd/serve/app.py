@@ -243,7 +243,13 @@ def _merge_logprobs(chunks: list, top: int) -> Optional[dict]:
 
 def _usage(streams: list[RequestStream], results: list[list]) -> dict:
     return protocol.usage(sum(len(s.prompt_token_ids) for s in streams),
-                          sum(len(c.token_ids) for chunks in results for c in chunks))
+                          sum(len(c.token_ids) for chunks in results for c in chunks),
+                          sum(_cached(chunks[-1]) for chunks in results))
+
+
+def _cached(final_chunk) -> int:
+    """Prompt tokens of a request served from the prefix cache (its final chunk's metrics)."""
+    return final_chunk.metrics.cached_tokens if final_chunk.metrics is not None else 0
 
 
 def _sse(streams: list[RequestStream], event, usage_event=None) -> StreamingResponse:
@@ -259,18 +265,20 @@ def _sse(streams: list[RequestStream], event, usage_event=None) -> StreamingResp
                 await merged.put((i, chunk))
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         try:
-            left, generated = len(streams), 0
+            left, generated, cached = len(streams), 0, 0
             while left:
                 i, chunk = await merged.get()
                 generated += len(chunk.token_ids)
                 if chunk.finished:
                     left -= 1
+                    cached += _cached(chunk)
                 if chunk.finish_reason == "error":
                     yield _data(protocol.error_body(chunk.error or "the request failed", "server_error", 500))
                     continue
                 yield _data(event(i, chunk))
             if usage_event is not None:
-                yield _data(usage_event(protocol.usage(sum(len(s.prompt_token_ids) for s in streams), generated)))
+                yield _data(usage_event(protocol.usage(sum(len(s.prompt_token_ids) for s in streams), generated,
+                                                       cached)))
             yield "data: [DONE]\n\n"
         finally:
             for t in tasks:
