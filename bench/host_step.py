@@ -4,7 +4,7 @@ verification on the host, committing KV, emitting tokens, telemetry), per step a
 request-step, by policy and batch size.
 
     python bench/host_step.py [--batches 1,16] [--policies none,k2,k4,goodput] [--reps 9]
-                              [--tokens 64] [--queue N] [--json F]
+                              [--tokens 64] [--queue N] [--prefix-caching on|off|on,off] [--json F]
 
 SYNTHETIC forwards: the tiny test model's forward is replaced by a null forward (one-hot
 logits of a fixed function of the input token), so the time left is the engine's own. Target
@@ -26,6 +26,12 @@ interleaved, so a slow spell of the machine spreads over every case.
 more through LLM.add_request (max_num_seqs = the batch, so N wait), runs 3 steps (prefill),
 then times --tokens - 4 steps of LLM.step() (the batch still running, all N still waiting),
 then aborts everything. A server's step should not slow down with its queue.
+
+--prefix-caching: the engine with automatic prefix caching (on, its default), without
+(off), or both as separate cases. Each run starts with an empty cache (LLM.reset) and the
+prompts share no block, so "on" shows what the cache costs the host when it finds nothing:
+sending each step's new tokens to the planner, registering full blocks, the lookups at
+admission.
 """
 
 from __future__ import annotations
@@ -91,12 +97,15 @@ def speculation(policy: str) -> specd.SpeculationConfig:
 
 
 class Case:
-    def __init__(self, model_dir: Path, policy: str, batch: int, tokens: int, queue: int = 0):
+    def __init__(self, model_dir: Path, policy: str, batch: int, tokens: int, queue: int = 0,
+                 prefix_caching: bool = True):
         spec = speculation(policy)
         draft = str(model_dir) if "draft" in spec.methods else None
         self.policy, self.batch, self.queue, self.tokens = policy, batch, queue, tokens
+        self.prefix_caching = prefix_caching
         self.llm = specd.LLM(str(model_dir), draft, spec, dtype="float32", max_num_seqs=batch, num_kv_pages=4096,
-                             draft_graph=True if draft else None, target_graph=True)
+                             draft_graph=True if draft else None, target_graph=True,
+                             enable_prefix_caching=prefix_caching)
         self.clock = DeviceClock()
         for model in (self.llm.target, self.llm.draft):
             if model is not None:
@@ -142,6 +151,7 @@ class Case:
         host = statistics.median(r[0] / r[2] for r in self.runs)
         steps = self.runs[-1][2]
         return {"policy": self.policy, "batch": self.batch, "queue": self.queue, "steps": steps,
+                "prefix_caching": self.prefix_caching,
                 "host_ms_per_step": 1e3 * host, "host_us_per_request_step": 1e6 * host / self.batch,
                 "device_work_ms_per_step": 1e3 * statistics.median(r[1] / r[2] for r in self.runs),
                 "host_ms_per_step_min": 1e3 * min(r[0] / r[2] for r in self.runs), "reps": len(self.runs)}
@@ -154,15 +164,17 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--tokens", type=int, default=64, help="max_tokens per request")
     p.add_argument("--queue", type=int, default=0, help="requests waiting behind the batch (serving path)")
+    p.add_argument("--prefix-caching", default="on", help="on, off or on,off (both, as separate cases)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    caching = [{"on": True, "off": False}[v] for v in args.prefix_caching.split(",")]
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         make_tokenizer(root / "tok", VOCAB)
         make_tiny_model(root / "model", "qwen2", vocab_size=VOCAB, tokenizer_dir=root / "tok", seed=1)
-        cases = [Case(root / "model", policy, int(b), args.tokens, args.queue)
-                 for b in args.batches.split(",") for policy in args.policies.split(",")]
+        cases = [Case(root / "model", policy, int(b), args.tokens, args.queue, c)
+                 for b in args.batches.split(",") for policy in args.policies.split(",") for c in caching]
         for _ in range(args.reps):
             for case in cases:
                 case.run()
@@ -170,11 +182,11 @@ def main(argv=None) -> int:
     print("SYNTHETIC forwards (null; every draft accepted): the engine's host time per step, "
           f"median of {args.reps} interleaved runs, {args.tokens} tokens per request"
           + (f"; serving path, {args.queue} requests waiting" if args.queue else ""))
-    print(f"{'policy':8s} {'batch':>5s} {'steps':>5s} {'host ms/step':>12s} {'us/request-step':>15s} "
+    print(f"{'policy':8s} {'batch':>5s} {'cache':>5s} {'steps':>5s} {'host ms/step':>12s} {'us/request-step':>15s} "
           f"{'min ms/step':>11s}")
     for r in rows:
-        print(f"{r['policy']:8s} {r['batch']:5d} {r['steps']:5d} {r['host_ms_per_step']:12.3f} "
-              f"{r['host_us_per_request_step']:15.1f} {r['host_ms_per_step_min']:11.3f}")
+        print(f"{r['policy']:8s} {r['batch']:5d} {'on' if r['prefix_caching'] else 'off':>5s} {r['steps']:5d} "
+              f"{r['host_ms_per_step']:12.3f} {r['host_us_per_request_step']:15.1f} {r['host_ms_per_step_min']:11.3f}")
     if args.json:
         args.json.write_text(json.dumps({"synthetic": "null forwards", "tokens": args.tokens, "rows": rows},
                                         indent=1) + "\n")

@@ -17,7 +17,8 @@
 #                      draft tree runner's graphs vs its eager code (test_draft_tree_graph.py),
 #                      the draft forward compiled by inductor (test_compile.py), 16-bit logits
 #                      (test_logits_dtype.py), logprobs and logits processors through the graph runners,
-#                      the HTTP server replaying CUDA graphs from its engine thread (test_serve.py; needs fastapi)
+#                      the HTTP server replaying CUDA graphs from its engine thread (test_serve.py; needs fastapi),
+#                      prefix caching with the graph runners (test_prefix_caching.py)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
@@ -174,7 +175,8 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_batch_verify.py" "$ROOT/tests/python/test_draft_tree_graph.py" \
     "$ROOT/tests/python/test_timer.py" "$ROOT/tests/python/test_compile.py" \
     "$ROOT/tests/python/test_logits_dtype.py" "$ROOT/tests/python/test_logprobs.py" \
-    "$ROOT/tests/python/test_logits_processors.py" "$ROOT/tests/python/test_serve.py"
+    "$ROOT/tests/python/test_logits_processors.py" "$ROOT/tests/python/test_serve.py" \
+    "$ROOT/tests/python/test_prefix_caching.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 

@@ -87,6 +87,7 @@ void BlockManager::reset_prefix_cache() {
   for (int32_t p = 0; p < num_pages(); ++p) unregister(p);
   for (auto& [id, seq] : seqs_)
     for (SeqModelState& st : seq.models) st.block_keys.clear();
+  evictions_ = hit_pages_ = 0;
 }
 
 }  // namespace specd

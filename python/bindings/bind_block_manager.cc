@@ -128,7 +128,8 @@ void bind_block_manager(py::module_& m) {
                                return d;
                              },
                              "dict: cached_pages (registered), evictable_pages (registered, unreferenced), "
-                             "evictions and hit_pages (adopted by match_prefix) since creation.")
+                             "evictions and hit_pages (adopted by match_prefix) since creation or the last "
+                             "reset_prefix_cache().")
       .def("match_prefix",
            [](BM& b, SeqId s, const InArray<int32_t>& tokens, int64_t max_tokens, const ModelArg& mi) {
              int64_t matched = 0;
@@ -145,7 +146,7 @@ void bind_block_manager(py::module_& m) {
            py::arg("seq"), py::arg("tokens"), model0,
            "Registers the sequence's full committed blocks not registered yet; `tokens` are its tokens from 0.")
       .def("reset_prefix_cache", [](BM& b) { b.get().reset_prefix_cache(); },
-           "Forgets every registered block (evictable pages become free).")
+           "Forgets every registered block (evictable pages become free) and zeroes the counts.")
       .def_property_readonly("num_models", [](const BM& b) { return b.get().num_models(); })
       .def_property_readonly("model_names", &BM::model_names)
       .def_property_readonly("page_bytes", [](const BM& b) { return b.get().page_bytes(); })

@@ -144,8 +144,10 @@ TEST(BlockManagerPrefix, OffResetAndBadCalls) {
   add_cached(*bm, 1, tokens);
   SPECD_ASSERT_OK(bm->free_sequence(1));
   add_cached(*bm, 2, iota_tokens(4, 50));
+  EXPECT_GT(bm->prefix_cache_stats().hit_pages + bm->prefix_cache_stats().cached_pages, 0);
   bm->reset_prefix_cache();
   EXPECT_EQ(bm->prefix_cache_stats().cached_pages, 0);
+  EXPECT_EQ(bm->prefix_cache_stats().hit_pages, 0);
   EXPECT_EQ(bm->prefix_cache_stats().evictable_pages, 0);
   EXPECT_EQ(bm->num_free_pages(), 7);
   SPECD_ASSERT_OK(bm->check_invariants());

@@ -13,9 +13,10 @@ def _load():
 def test_host_step_bench_reports_every_case(tmp_path):
     out = tmp_path / "host.json"
     assert _load().main(["--batches", "1,2", "--policies", "none,k2", "--reps", "2", "--tokens", "6",
-                         "--json", str(out)]) == 0
+                         "--prefix-caching", "on,off", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["policy"], r["batch"]) for r in rows] == [("none", 1), ("k2", 1), ("none", 2), ("k2", 2)]
+    assert [(r["policy"], r["batch"], r["prefix_caching"]) for r in rows] == [
+        (p, b, c) for b in (1, 2) for p in ("none", "k2") for c in (True, False)]
     for r in rows:
         assert r["reps"] == 2 and r["host_ms_per_step"] > 0 and r["device_work_ms_per_step"] > 0
         # 6 tokens: one per step without drafts; with k = 2 and every draft accepted, 3 per

@@ -65,6 +65,21 @@ def test_cached_prefixes_keep_greedy_outputs(shared, method, spec):
     assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages  # cached pages count as free
 
 
+def test_graph_runners_attend_over_adopted_pages(shared):
+    """The target and draft graph runners (their CPU references) build block tables that
+    start with the adopted pages; outputs and the draft's acceptance stay those of a run
+    without the cache."""
+    target, draft, _, prompts = shared
+    kw = dict(target_graph=True, draft_graph=True)
+    cold = run_twice(make_llm(target, draft, "draft", caching=False, **kw), prompts, greedy())
+    llm = make_llm(target, draft, "draft", **kw)
+    warm = run_twice(llm, prompts, greedy())
+    assert [o.token_ids for o in warm] == [o.token_ids for o in cold]
+    assert [o.metrics.accepted_tokens for o in warm] == [o.metrics.accepted_tokens for o in cold]
+    assert sum(o.num_cached_tokens for o in warm) > 0
+    llm.engine.check_kv()
+
+
 def test_seeded_sampling_and_logprobs_are_unchanged(shared):
     target, draft, _, prompts = shared
     params = [specd.SamplingParams(temperature=0.8, top_p=0.9, max_tokens=12, ignore_eos=True, seed=40 + i,
@@ -161,3 +176,20 @@ def test_block_manager_prefix_api_errors():
     with pytest.raises(specd.InvalidArgumentError, match="unknown model"):
         bm.match_prefix(2, [1], 1, model="draft")
     assert bm.prefix_cache_stats["hit_pages"] == 2
+
+
+def test_prefix_caching_on_cuda_keeps_greedy_outputs(shared):
+    """The same on a GPU, where the graph runners verify and draft (their block tables start
+    at the adopted pages)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    target, draft, _, prompts = shared
+    for method in ("none", "draft"):
+        cold = run_twice(make_llm(target, draft, method, caching=False, device="cuda"), prompts, greedy())
+        llm = make_llm(target, draft, method, device="cuda")
+        warm = run_twice(llm, prompts, greedy())
+        assert [o.token_ids for o in warm] == [o.token_ids for o in cold]
+        assert sum(o.num_cached_tokens for o in warm) > 0
+        llm.engine.check_kv()

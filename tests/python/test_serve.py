@@ -71,9 +71,28 @@ def test_completions_equal_plain_decoding(client, plain):
     assert body["object"] == "text_completion" and body["model"] == "tiny" and body["id"].startswith("cmpl-")
     assert body["choices"][0]["text"] == want.text and body["choices"][0]["finish_reason"] == "length"
     assert body["usage"] == {"prompt_tokens": len(want.prompt_token_ids), "completion_tokens": 12,
-                             "total_tokens": len(want.prompt_token_ids) + 12}
+                             "total_tokens": len(want.prompt_token_ids) + 12,
+                             "prompt_tokens_details": {"cached_tokens": body["usage"]["prompt_tokens_details"][
+                                 "cached_tokens"]}}
     spec = body["specd"][0]
     assert spec["verify_steps"] >= 1 and spec["draft_tokens"] > 0 and spec["mean_accepted_length"] >= 1
+
+
+def test_usage_reports_prompt_tokens_from_the_prefix_cache(client, plain):
+    """A prompt sent again finds its whole blocks in the prefix cache (all but its last token,
+    16-token blocks), plain and streamed, and the text is the same."""
+    prompt = " ".join(PROMPTS) * 2
+    n = len(plain.tokenizer(prompt)["input_ids"])
+    assert n > 40
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    first = client.post("/v1/completions", json=body).json()
+    again = client.post("/v1/completions", json=body).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    events = _events(client.post("/v1/completions", json={**body, "stream": True,
+                                                          "stream_options": {"include_usage": True}}))
+    assert events[-2]["usage"]["prompt_tokens_details"]["cached_tokens"] == (n - 1) // 16 * 16
+    assert client.get("/metrics").json()["prefix_cache"]["hit_tokens"] > 0
 
 
 def test_several_prompts_and_token_ids(client, plain):

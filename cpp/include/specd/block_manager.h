@@ -112,8 +112,8 @@ struct SeqKvInfo {
 struct PrefixCacheStats {
   int64_t cached_pages = 0;     // pages registered (used or evictable)
   int32_t evictable_pages = 0;  // registered pages no sequence references
-  int64_t evictions = 0;        // registered pages taken by allocation since creation
-  int64_t hit_pages = 0;        // pages adopted by match_prefix since creation
+  int64_t evictions = 0;        // registered pages taken by allocation (since creation or reset)
+  int64_t hit_pages = 0;        // pages adopted by match_prefix (since creation or reset)
 };
 
 class BlockManager {
@@ -169,7 +169,8 @@ class BlockManager {
   // Stops at a block whose page holds another key. O(blocks registered) plus O(1).
   Status cache_blocks(SeqId seq, ModelIndex m, Span<const int32_t> tokens);
   // Forgets every registered block (evictable pages become free; sequences register their
-  // blocks again on their next cache_blocks). For benchmarks and tests. O(pages + sequences).
+  // blocks again on their next cache_blocks) and zeroes the eviction and hit counts. For
+  // benchmarks, tests and a fresh start. O(pages + sequences).
   void reset_prefix_cache();
 
   // ---- lookahead: reserve, commit, rollback ----

@@ -252,14 +252,16 @@ class LLM:
         ``admissions`` that looked the cache up, their ``query_tokens`` and the ``hit_tokens``
         found, with ``hit_rate`` = hit_tokens / query_tokens; of the pool, ``cached_pages``,
         ``evictable_pages`` (cached, used by no request), ``evictions`` and ``hit_pages``
-        (adopted, target and draft) since creation. Empty without prefix caching."""
+        (adopted, target and draft) since creation or the last reset_prefix_cache. Empty
+        without prefix caching."""
         stats = self.engine.scheduler.prefix_stats
         if stats:
             stats["hit_rate"] = stats["hit_tokens"] / stats["query_tokens"] if stats["query_tokens"] else 0.0
         return stats
 
     def reset_prefix_cache(self) -> None:
-        """Forgets every cached block (for benchmarks that compare cold and warm runs)."""
+        """Forgets every cached block and zeroes the pool's eviction and hit counts (for
+        benchmarks that compare cold and warm runs)."""
         self.pool.blocks.reset_prefix_cache()
 
     def _configured_policy(self) -> SpeculationPolicy:
