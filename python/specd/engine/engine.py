@@ -162,11 +162,12 @@ class Engine:
         starts = row_starts(deciding, trees)
         raw = logits  # what logprobs read: the rows before the logits processors
         processed = [it for it in deciding if it.request.params.processed]
+        processing_errors: dict[int, str] = {}
         if processed:
             if any(it.request.params.logprobs is not None for it in deciding):
                 raw = logits.clone()
             self.processors.apply(logits, [it.request for it in processed], [trees[it.request.id] for it in processed],
-                                  [starts[it.request.id] for it in processed])
+                                  [starts[it.request.id] for it in processed], processing_errors)
         # Verification queues its device work behind the verify forward, then reads everything,
         # device-resident drafts included, in one copy: the step's one wait for the GPU.
         inputs = verify_inputs(deciding, trees, logits, draft_dists, cluster=target_kernels.cluster_rows,
@@ -174,6 +175,8 @@ class Engine:
                                from_logits=self.verify_from_logits)
         if drafts is not None:  # (already read with the verification results)
             self._place_drafts(drafts, trees)
+        for rid, message in processing_errors.items():  # fails that request alone, below
+            inputs[rid].error = message
         # Every request's accepted path first, then the KV moves they need, one kv_compact per
         # model for the whole step, before the commits (which free the reserved pages).
         results = {it.request.id: inputs[it.request.id].verify(trees[it.request.id])
@@ -297,10 +300,10 @@ class Engine:
                 # Only draft-model chains in the step: they may stay on the device until the
                 # target graph runner has queued the verify forward (the target's inputs then
                 # have no host-known draft tokens to mix with theirs).
-                # (Penalties need the drafts on the host before verification: logits_processors.py.)
+                # (Penalties and grammars need the drafts on the host before verification: logits_processors.py.)
                 kept = (model_runner.run_draft_on_device(self.draft, self.pool, group, on_forward, self.draft_graph)
                         if self.device_drafts and len(by_method) == 1 and self.target_graph is not None
-                        and not any(it.request.params.penalized for it in group) else None)
+                        and not any(it.request.params.needs_host_drafts for it in group) else None)
                 if kept is not None:
                     on_device, qs = kept
                     drafts = [[0] * it.k for it in group]  # placeholders (_place_drafts)

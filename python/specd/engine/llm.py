@@ -23,6 +23,7 @@ from specd.engine.policies import build_policy, make_policy, policy_factory
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
+from specd.engine.structured_outputs import GrammarCompiler
 from specd.errors import InvalidArgumentError, UnknownSequenceError
 from specd.kv_cache import KVCachePool, KVModel
 from specd.models.kernel_choice import KernelChoice
@@ -202,6 +203,7 @@ class LLM:
         elif isinstance(policy, str):
             policy = make_policy(policy, speculation)
         self.eos_ids = frozenset(tc.eos_token_ids)
+        self._grammars = GrammarCompiler(tokenizer, tc.vocab_size, self.eos_ids)
         self._scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k,
@@ -358,6 +360,8 @@ class LLM:
         req = Request(rid, text, ids, params, rng_seed=params.seed if seeded else self.seed,
                       rng_request=0 if seeded else rid, max_len=self.max_model_len, eos_ids=self.eos_ids,
                       detokenizer=Detokenizer(self.tokenizer, ids) if self.tokenizer is not None else None)
+        if params.structured_outputs is not None:
+            req.grammar = self._grammars.compile(params.structured_outputs)
         self._check_fits(req)
         return req
 

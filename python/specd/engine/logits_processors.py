@@ -18,6 +18,8 @@ Rules (vLLM's semantics and order):
   is subtracted, where count is its occurrences in the output (drafts above the node
   included, the prompt not).
 - Computed in float32, written back in the logits' dtype.
+- Last, structured outputs (engine/structured_outputs.py): each node's row is masked to the
+  tokens the request's grammar allows after the node's path.
 
 Where the work is (a step with processed requests; other steps pay nothing):
 - min_tokens and logit_bias: sparse edits (row, token), one upload and two indexing ops.
@@ -40,6 +42,7 @@ import numpy as np
 import torch
 
 from specd.engine.request import Request
+from specd.engine.structured_outputs import GrammarMasks
 from specd.uploads import upload_packed
 from specd.verification import TokenTree
 
@@ -137,20 +140,23 @@ class LogitsProcessors:
 
     def __init__(self, all_columns: Optional[bool] = None):
         self._penalties: Optional[PenaltyState] = None
+        self._grammars = GrammarMasks()
         self.all_columns = all_columns
 
     def release(self, request_id: int) -> None:
         if self._penalties is not None:
             self._penalties.release(request_id)
+        self._grammars.release(request_id)
 
     def apply(self, logits: torch.Tensor, requests: Sequence[Request], trees: Sequence[TokenTree],
-              starts: Sequence[int]) -> bool:
+              starts: Sequence[int], errors: Optional[dict[int, str]] = None) -> bool:
         """Applies every processed request's processors to its rows of ``logits``
         ``[rows, vocab]`` (in place): request i's tree ``trees[i]`` has its node j at row
-        ``starts[i] + j``. Returns whether anything was applied."""
+        ``starts[i] + j``. Returns whether anything was applied. A request whose processors
+        cannot go on (its grammar refused an emitted token) gets a message in ``errors``."""
         vocab = logits.shape[-1]
         mask_r, mask_t, bias_r, bias_t, bias_v = [], [], [], [], []
-        penalised = []
+        penalised, constrained = [], []
         touched = False
         for req, tree, start in zip(requests, trees, starts):
             p = req.params
@@ -172,6 +178,8 @@ class LogitsProcessors:
                 bias_v.append(np.tile(np.fromiter(p.logit_bias.values(), dtype=np.float64, count=tokens.size), n))
             if p.penalized:
                 penalised.append((req, tree, start))
+            if p.structured_outputs is not None:
+                constrained.append((req, tree, start))
         if mask_r:
             r, t = upload_packed(logits.device, [np.concatenate(mask_r), np.concatenate(mask_t)])
             logits.index_put_((r, t), torch.full((), float("-inf"), dtype=logits.dtype, device=logits.device))
@@ -181,6 +189,8 @@ class LogitsProcessors:
             logits.index_put_((r, t), v.to(logits.dtype), accumulate=True)
         if penalised:
             self._apply_penalties(logits, penalised)
+        if constrained:
+            self._grammars.apply(logits, constrained, errors if errors is not None else {})
         return touched
 
     def _apply_penalties(self, logits: torch.Tensor, penalised: list[tuple[Request, TokenTree, int]]) -> None:

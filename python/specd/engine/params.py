@@ -18,6 +18,55 @@ def _check(ok: bool, name: str, value, rule: str) -> None:
         raise InvalidArgumentError(f"{name} must be {rule}, got {value!r}")
 
 
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A constraint on a request's output (vLLM's StructuredOutputsParams): exactly one of
+    ``json`` (a JSON schema, as a dict or its JSON text), ``json_object`` (any JSON object),
+    ``regex`` (a regular expression the whole output matches), ``choice`` (the output is one
+    of these strings) or ``grammar`` (an EBNF grammar, xgrammar's syntax, root rule ``root``).
+    engine/structured_outputs.py has the rules; it needs the ``xgrammar`` package
+    (``pip install specd[structured]``)."""
+
+    json: Union[dict, str, None] = None
+    regex: Optional[str] = None
+    choice: Optional[Sequence[str]] = None
+    grammar: Optional[str] = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.json_object:
+            given.append("json_object")
+        _check(len(given) == 1, "structured_outputs", self, "given exactly one of json, json_object, regex, "
+               "choice or grammar")
+        _check(self.json is None or isinstance(self.json, (dict, str)), "structured_outputs.json", self.json,
+               "a JSON schema (a dict or a JSON string)")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, str) and value), f"structured_outputs.{name}", value,
+                   "a non-empty string")
+        if self.choice is not None:
+            _check(not isinstance(self.choice, str) and len(self.choice) > 0
+                   and all(isinstance(c, str) and c for c in self.choice), "structured_outputs.choice", self.choice,
+                   "a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", tuple(self.choice))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kind, text): what is compiled, the compiled grammars' cache key."""
+        import json
+
+        if self.json is not None:
+            return "json", self.json if isinstance(self.json, str) else json.dumps(self.json, sort_keys=True)
+        if self.json_object:
+            return "json_object", ""
+        if self.regex is not None:
+            return "regex", self.regex
+        if self.choice is not None:
+            return "choice", json.dumps(list(self.choice))
+        return "grammar", self.grammar
+
+
 @dataclass
 class SamplingParams:
     """How one request is sampled (vLLM-like). ``temperature == 0`` is greedy.
@@ -26,6 +75,10 @@ class SamplingParams:
     stop: strings that end the output (not included in the text). stop_token_ids: token ids
     that end it. ignore_eos: keep generating past the EOS token. seed: a per-request seed
     (same seed, same output); None uses the engine's seed and the request's index.
+    structured_outputs: a StructuredOutputsParams constraining the output (a JSON schema, a
+    regex, a choice, a grammar): the target's rows are masked to the tokens the constraint
+    allows, so greedy and sampled decoding, speculative or not, follow it (drafts it rules
+    out are rejected).
     logprobs: None = none; n in [0, 20] = per generated token, its log-probability and the n
     most likely tokens' under the target's raw distribution (log-softmax of its logits,
     before temperature and the cuts; engine/logprobs.py has the rules), in
@@ -57,6 +110,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
@@ -93,6 +147,8 @@ class SamplingParams:
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and math.isfinite(value) and -2 <= value <= 2, name, value,
                    "in [-2, 2]")
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+               "structured_outputs", self.structured_outputs, "None or a specd.StructuredOutputsParams")
 
     @property
     def greedy(self) -> bool:
@@ -101,7 +157,13 @@ class SamplingParams:
     @property
     def processed(self) -> bool:
         """Whether a logits processor changes this request's target distribution."""
-        return bool(self.min_tokens or self.logit_bias or self.penalized)
+        return bool(self.min_tokens or self.logit_bias or self.penalized or self.structured_outputs is not None)
+
+    @property
+    def needs_host_drafts(self) -> bool:
+        """Whether its rows depend on the drafted tokens above them in ways worked out on the
+        host (penalties, a grammar): its drafts must be on the host before verification."""
+        return self.penalized or self.structured_outputs is not None
 
     @property
     def penalized(self) -> bool:

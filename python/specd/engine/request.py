@@ -88,6 +88,7 @@ class Request:
     finished_at: Optional[float] = None
     stream_sent: tuple[int, int] = (0, 0)  # (text chars, tokens) already streamed
     online: bool = False  # added by LLM.add_request: its steps and end go to Engine.touched
+    grammar: object = None  # with SamplingParams.structured_outputs: its compiled grammar (xgrammar)
     # Per output token, with SamplingParams.logprobs (else None): engine/logprobs.py.
     logprobs: Optional[list[TokenLogprobs]] = None
     cumulative_logprob: Optional[float] = None

@@ -13,6 +13,11 @@ Rules:
   choice j samples with seed + j). Choice ``i * n + j`` is prompt i's j-th.
 - Values are checked by SamplingParams (the message names the field).
 - ``logit_bias`` keys are token ids written as strings (OpenAI's form).
+- Structured outputs (SamplingParams.structured_outputs): OpenAI's ``response_format``
+  (``{"type": "json_object"}``, or ``{"type": "json_schema", "json_schema": {"schema": ...}}``),
+  vLLM's ``structured_outputs`` object (``json``, ``regex``, ``choice``, ``grammar``,
+  ``json_object``) or its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+  ``guided_grammar`` fields; one of them per request.
 - Completions ``logprobs: n`` and chat ``logprobs: true`` with ``top_logprobs: n`` return the
   target's raw log-probabilities (SamplingParams.logprobs), in each API's layout.
 - A response carries, besides OpenAI's fields, ``specd``: per choice the speculation
@@ -30,7 +35,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict
 
 from specd.engine.outputs import RequestMetrics, StreamChunk
-from specd.engine.params import SamplingParams
+from specd.engine.params import SamplingParams, StructuredOutputsParams
 from specd.errors import InvalidArgumentError
 
 
@@ -70,6 +75,41 @@ class _Sampling(BaseModel):
     repetition_penalty: Optional[float] = None
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and guided_* fields
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
+
+    def structured(self) -> Optional[StructuredOutputsParams]:
+        """The request's output constraint, from whichever field gave it (at most one)."""
+        found = []
+        rf = self.response_format
+        if rf is not None and rf.get("type", "text") != "text":
+            if rf.get("type") == "json_object":
+                found.append(StructuredOutputsParams(json_object=True))
+            elif rf.get("type") == "json_schema":
+                schema = (rf.get("json_schema") or {}).get("schema")
+                if schema is None:
+                    raise InvalidArgumentError("response_format json_schema needs json_schema.schema")
+                found.append(StructuredOutputsParams(json=schema))
+            else:
+                raise InvalidArgumentError(f"response_format type {rf.get('type')!r} is not one of text, "
+                                           "json_object, json_schema")
+        if self.structured_outputs is not None:
+            try:
+                found.append(StructuredOutputsParams(**self.structured_outputs))
+            except TypeError as e:
+                raise InvalidArgumentError(f"structured_outputs: {e}") from None
+        for field, value in (("json", self.guided_json), ("regex", self.guided_regex),
+                             ("choice", self.guided_choice), ("grammar", self.guided_grammar)):
+            if value is not None:
+                found.append(StructuredOutputsParams(**{field: value}))
+        if len(found) > 1:
+            raise InvalidArgumentError("give one of response_format, structured_outputs and the guided_* fields")
+        return found[0] if found else None
 
     def usage_event(self, rid: str, obj: str, created_at: int, model: str):
         """With ``stream_options: {"include_usage": true}``: the stream's last event before
@@ -94,7 +134,7 @@ class _Sampling(BaseModel):
                       seed=self.seed, presence_penalty=self.presence_penalty,
                       frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
                       min_tokens=self.min_tokens, ignore_eos=self.ignore_eos, stop_token_ids=self.stop_token_ids,
-                      stop=self.stop, logit_bias=bias, logprobs=logprobs)
+                      stop=self.stop, logit_bias=bias, logprobs=logprobs, structured_outputs=self.structured())
         given = {k: v for k, v in fields.items() if v is not None}
         return SamplingParams(max_tokens=default_max_tokens if max_tokens is None else max_tokens, **given)
 
