@@ -232,7 +232,31 @@ def test_penalties_and_seeds_reach_the_engine(client, plain):
     assert len(texts) == 1  # same seed, same text
 
 
+def test_structured_outputs_fields_reach_the_engine(client, plain):
+    """OpenAI's response_format, vLLM's structured_outputs object and guided_* fields each
+    constrain the output as SamplingParams.structured_outputs does."""
+    schema = {"type": "object", "properties": {"size": {"enum": ["S", "M", "L"]}}, "required": ["size"],
+              "additionalProperties": False}
+    cases = [({"guided_choice": ["yes", "no"]}, specd.StructuredOutputsParams(choice=["yes", "no"])),
+             ({"structured_outputs": {"regex": "[0-9]{3}"}}, specd.StructuredOutputsParams(regex="[0-9]{3}")),
+             ({"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}},
+              specd.StructuredOutputsParams(json=schema))]
+    for fields, so in cases:
+        r = client.post("/v1/completions", json={"prompt": PROMPTS[1], "max_tokens": 20, "temperature": 0, **fields})
+        assert r.status_code == 200, r.text
+        want = plain.generate([PROMPTS[1]], specd.SamplingParams(temperature=0, max_tokens=20, structured_outputs=so))
+        assert r.json()["choices"][0]["text"] == want[0].text
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "size?"}], "max_tokens": 20,
+                                                  "temperature": 0, "response_format": {"type": "json_schema",
+                                                  "json_schema": {"name": "s", "schema": schema}}})
+    assert json.loads(r.json()["choices"][0]["message"]["content"])["size"] in ("S", "M", "L")
+
+
 @pytest.mark.parametrize("body,status,message", [
+    ({"prompt": "x", "guided_regex": "([a"}, 400, "structured_outputs.regex could not be compiled"),
+    ({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]}, 400, "give one of response_format"),
+    ({"prompt": "x", "response_format": {"type": "xml"}}, 400, "response_format type 'xml'"),
+    ({"prompt": "x", "structured_outputs": {"jsn": {}}}, 400, "structured_outputs: "),
     ({"prompt": "x", "temperature": -1}, 400, "temperature must be"),
     ({"prompt": "x", "n": 17}, 400, "n must be an int in [1, 16]"),
     ({"prompt": "x", "best_of": 3}, 400, "best_of is not supported"),
