@@ -76,6 +76,25 @@ def test_generate_applies_penalties_losslessly(pair):
     assert bad.returncode == 2 and "presence_penalty must be" in bad.stderr
 
 
+def test_generate_follows_a_constraint_losslessly(pair, tmp_path):
+    target, draft = pair
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"size": {"enum": ["S", "M"]}}, "required": ["size"], '
+                      '"additionalProperties": false}')
+    for option in (("--choice", "yes", "--choice", "no"), ("--regex", "[0-9]{3}"), ("--json-schema", f"@{schema}")):
+        args = ("--max-tokens", "16", "--dtype", "float32", *option)
+        spec = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft",
+                     "-k", "3", *args)
+        plain = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", *args)
+        assert spec.returncode == plain.returncode == 0, spec.stderr + plain.stderr
+        assert spec.stdout == plain.stdout
+    assert plain.stdout.strip() in ('{"size": "S"}', '{"size": "M"}')
+    bad = specd("generate", "x", "--target", target, "--method", "none", "--regex", "([a")
+    assert bad.returncode == 2 and "could not be compiled" in bad.stderr
+    two = specd("generate", "x", "--target", target, "--method", "none", "--regex", "a", "--json-object")
+    assert two.returncode == 2 and "exactly one" in two.stderr
+
+
 def test_bench_quick_writes_json_and_plots(pair, tmp_path):
     target, draft = pair
     out, plots = tmp_path / "bench.json", tmp_path / "plots"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 from specd.cli.common import add_model_options, resolve_models
@@ -37,7 +38,29 @@ def add_parser(sub) -> None:
     p.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="after the text, print every generated token's log-probability under the target "
                         "(raw log-softmax), its rank and the N most likely tokens (N in 0..20)")
+    so = p.add_argument_group("structured outputs (one of them; needs specd[structured])")
+    so.add_argument("--json-schema", default=None, metavar="SCHEMA",
+                    help="the output is JSON following this schema (JSON text, or @FILE)")
+    so.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    so.add_argument("--regex", default=None, help="the output matches this regular expression")
+    so.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                    help="the output is one of these strings (repeat the option)")
+    so.add_argument("--grammar", default=None, help="the output follows this EBNF grammar (xgrammar's syntax)")
     p.set_defaults(run=run)
+
+
+def _structured(args: argparse.Namespace):
+    """The StructuredOutputsParams the options ask for (None: no constraint)."""
+    import specd
+
+    schema = args.json_schema
+    if schema is not None and schema.startswith("@"):
+        with open(schema[1:], encoding="utf-8") as f:
+            schema = f.read()
+    given = {"json": schema, "json_object": args.json_object or None, "regex": args.regex, "choice": args.choice,
+             "grammar": args.grammar}
+    given = {k: v for k, v in given.items() if v is not None}
+    return specd.StructuredOutputsParams(**given) if given else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,10 +72,10 @@ def run(args: argparse.Namespace) -> int:
                                       logprobs=args.logprobs, min_tokens=args.min_tokens,
                                       repetition_penalty=args.repetition_penalty,
                                       presence_penalty=args.presence_penalty,
-                                      frequency_penalty=args.frequency_penalty)
+                                      frequency_penalty=args.frequency_penalty, structured_outputs=_structured(args))
         spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
                                        draft_tree_width=args.draft_tree_width)
-    except specd.InvalidArgumentError as e:
+    except (specd.InvalidArgumentError, OSError) as e:
         print(f"specd generate: error: {e}", file=sys.stderr)
         return 2
     target, draft = resolve_models(args, want_draft=args.method == "draft")
@@ -65,7 +88,13 @@ def run(args: argparse.Namespace) -> int:
         prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                                    add_generation_prompt=True)
     out, metrics, error, tokens, logprobs = sys.stdout, None, None, [], []
-    for chunk in llm.stream(prompt, params):
+    try:
+        chunks = llm.stream(prompt, params)
+        first = next(chunks, None)  # the request is made (and its constraint compiled) here
+    except specd.InvalidArgumentError as e:
+        print(f"specd generate: error: {e}", file=sys.stderr)
+        return 2
+    for chunk in itertools.chain([] if first is None else [first], chunks):
         for piece, accepted in zip(chunk.pieces, chunk.accepted):
             out.write(f"{GREEN}{piece}{RESET}" if args.show_accepted and accepted and piece else piece)
         out.flush()
