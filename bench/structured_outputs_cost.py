@@ -1,0 +1,135 @@
+"""What structured outputs cost a verify step on the host (engine/structured_outputs.py):
+GrammarMasks.apply for a batch of JSON-schema requests, each with a chain of k drafts, on
+this machine's device.
+
+    python bench/structured_outputs_cost.py [--batches 1,16,64] [--k 4] [--vocab 32768]
+                                            [--reps 9] [--device cpu] [--json PATH]
+
+SYNTHETIC: a byte-level BPE tokenizer of --vocab tokens trained on the Python standard
+library (the sizes of real vocabularies: 32,768 to 151,936 where the corpus allows), a
+JSON schema of five fields (string, integer, enum, array of strings, boolean), and outputs
+and drafts drawn at random among the tokens the grammar allows (so every draft is valid,
+the most work a step can have). Each rep first emits k + 1 tokens per request (a step's
+accepted drafts and bonus token, fed to the matchers inside the timed call, as in the
+engine), then times one ``apply`` over ``[batch x (k + 1), vocab]`` float32 logits: the
+matchers' catch-up, one bitmask fill per row (the tree walk), the upload and the masking.
+Median ms per step, and µs per row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"},
+    "kind": {"enum": ["user", "admin", "guest"]}, "tags": {"type": "array", "items": {"type": "string"}},
+    "active": {"type": "boolean"}}, "required": ["name", "age", "kind", "tags", "active"],
+    "additionalProperties": False}
+
+
+def _allowed_tokens(xgr, matcher, vocab: int) -> np.ndarray:
+    mask = xgr.allocate_token_bitmask(1, vocab)
+    matcher.fill_next_token_bitmask(mask, 0)
+    bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:vocab]
+    return np.flatnonzero(bits)
+
+
+def measure(batch: int, k: int, tokenizer, vocab: int, reps: int, device: torch.device, rng) -> dict:
+    import xgrammar as xgr
+
+    import specd
+    from specd.engine.request import Request
+    from specd.engine.structured_outputs import GrammarCompiler, GrammarMasks
+
+    compiler = GrammarCompiler(tokenizer, vocab, [0])
+    so = specd.StructuredOutputsParams(json=SCHEMA)
+    params = specd.SamplingParams(max_tokens=100_000, structured_outputs=so)
+    grammar = compiler.compile(so)
+    reqs = [Request(i, None, [1, 2, 3], params, 0, i, 1_000_000, frozenset({0})) for i in range(batch)]
+    for r in reqs:
+        r.grammar = grammar
+    walkers = [xgr.GrammarMatcher(grammar) for _ in reqs]  # where each request's output is
+    masks = GrammarMasks()
+    logits = torch.zeros(batch * (k + 1), vocab, device=device)
+    starts = [(k + 1) * i for i in range(batch)]
+    times = []
+    for rep in range(reps + 1):
+        trees = []
+        for r, w in zip(reqs, walkers):
+            for _ in range(k + 1):  # the last step's emitted tokens
+                allowed = _allowed_tokens(xgr, w, vocab)
+                if w.is_terminated() or allowed.size == 0 or (allowed.size == 1 and allowed[0] == 0):
+                    w.reset()  # the object is complete: start another one (a fresh output)
+                    masks.release(r.id)
+                    r.output_ids.clear()
+                    allowed = _allowed_tokens(xgr, w, vocab)
+                t = int(rng.choice(allowed[allowed != 0]))
+                w.accept_token(t)
+                r.output_ids.append(t)
+            drafts = []
+            for _ in range(k):  # a chain of valid drafts, then back
+                allowed = _allowed_tokens(xgr, w, vocab)
+                allowed = allowed[allowed != 0]
+                if allowed.size == 0:
+                    break
+                drafts.append(int(rng.choice(allowed)))
+                w.accept_token(drafts[-1])
+            w.rollback(len(drafts))
+            drafts += [1] * (k - len(drafts))
+            trees.append(specd.TokenTree.chain(r.output_ids[-1], drafts))
+        x = logits.clone()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        errors: dict = {}
+        masks.apply(x, list(zip(reqs, trees, starts)), errors)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if rep:  # the first is a warm-up
+            times.append(time.perf_counter() - t0)
+        assert not errors, errors
+    ms = statistics.median(times) * 1e3
+    return {"batch": batch, "k": k, "rows": batch * (k + 1), "ms_per_step": ms,
+            "us_per_row": 1e3 * ms / (batch * (k + 1)), "ms_min": min(times) * 1e3}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--reps", type=int, default=9)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+    from tiny_models import make_tokenizer
+
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = make_tokenizer(tmp, args.vocab)
+        rng = np.random.default_rng(0)
+        rows = [measure(int(b), args.k, tokenizer, args.vocab, args.reps, device, rng)
+                for b in args.batches.split(",")]
+    print(f"structured outputs, SYNTHETIC JSON-schema requests and trained {args.vocab}-token vocabulary: "
+          f"GrammarMasks.apply per verify step, chains of k = {args.k}, device {args.device}, "
+          f"median of {args.reps}")
+    print(f"{'batch':>5} {'rows':>5} {'ms/step':>9} {'us/row':>8} {'min ms':>8}")
+    for r in rows:
+        print(f"{r['batch']:5d} {r['rows']:5d} {r['ms_per_step']:9.3f} {r['us_per_row']:8.1f} {r['ms_min']:8.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"synthetic": True, "vocab": args.vocab, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
