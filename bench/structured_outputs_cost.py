@@ -2,14 +2,16 @@
 GrammarMasks.apply for a batch of JSON-schema requests, each with a chain of k drafts, on
 this machine's device.
 
-    python bench/structured_outputs_cost.py [--batches 1,16,64] [--k 4] [--vocab 32768]
+    python bench/structured_outputs_cost.py [--batches 1,16,64] [--k 4] [--vocab 151936]
                                             [--reps 9] [--device cpu] [--json PATH]
 
-SYNTHETIC: a byte-level BPE tokenizer of --vocab tokens trained on the Python standard
-library (the sizes of real vocabularies: 32,768 to 151,936 where the corpus allows), a
-JSON schema of five fields (string, integer, enum, array of strings, boolean), and outputs
-and drafts drawn at random among the tokens the grammar allows (so every draft is valid,
-the most work a step can have). Each rep first emits k + 1 tokens per request (a step's
+SYNTHETIC: a vocabulary of --vocab tokens (default Qwen2.5's size): the 256 bytes, then the
+most frequent pieces of the Python standard library's source split as Qwen2's pre-tokenizer
+splits text (words with their leading space, numbers, punctuation runs), as BPE
+vocabularies mostly are; a JSON schema of five fields (string, integer, enum, array of
+strings, boolean), compiled as specd compiles JSON (compact); and outputs and drafts drawn at
+random among the tokens the grammar allows (so every draft is valid, the most work a step
+can have). Each rep first emits k + 1 tokens per request (a step's
 accepted drafts and bonus token, fed to the matchers inside the timed call, as in the
 engine), then times one ``apply`` over ``[batch x (k + 1), vocab]`` float32 logits: the
 matchers' catch-up, one bitmask fill per row (the tree walk), the upload and the masking.
@@ -22,7 +24,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,17 +44,48 @@ def _allowed_tokens(xgr, matcher, vocab: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-def measure(batch: int, k: int, tokenizer, vocab: int, reps: int, device: torch.device, rng) -> dict:
+def synthetic_vocab(size: int) -> list[bytes]:
+    """Token 0 is the end-of-text token, then the 256 bytes, then the most frequent
+    pre-tokenized pieces of the standard library's source."""
+    import collections
+    import os
+
+    import regex
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    split = regex.compile(PRETOKENIZE_REGEX)
+    counts: collections.Counter = collections.Counter()
+    root = Path(os.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        try:
+            counts.update(split.findall(path.read_text(encoding="utf-8")))
+        except (UnicodeDecodeError, OSError):
+            continue
+        if len(counts) > 4 * size:
+            break
+    vocab = [b"<|endoftext|>"] + [bytes([b]) for b in range(256)]
+    seen = set(vocab)
+    for piece, _ in counts.most_common():
+        token = piece.encode("utf-8")
+        if len(vocab) == size:
+            break
+        if token not in seen:
+            seen.add(token)
+            vocab.append(token)
+    if len(vocab) < size:
+        raise SystemExit(f"the standard library gave only {len(vocab)} distinct pieces, fewer than --vocab {size}")
+    return vocab
+
+
+def measure(batch: int, k: int, grammar, vocab: int, reps: int, device: torch.device, rng) -> dict:
     import xgrammar as xgr
 
     import specd
     from specd.engine.request import Request
-    from specd.engine.structured_outputs import GrammarCompiler, GrammarMasks
+    from specd.engine.structured_outputs import GrammarMasks
 
-    compiler = GrammarCompiler(tokenizer, vocab, [0])
     so = specd.StructuredOutputsParams(json=SCHEMA)
     params = specd.SamplingParams(max_tokens=100_000, structured_outputs=so)
-    grammar = compiler.compile(so)
     reqs = [Request(i, None, [1, 2, 3], params, 0, i, 1_000_000, frozenset({0})) for i in range(batch)]
     for r in reqs:
         r.grammar = grammar
@@ -106,21 +138,21 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--k", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--vocab", type=int, default=151936)
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
-    from tiny_models import make_tokenizer
+    import xgrammar as xgr
 
     device = torch.device(args.device)
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = make_tokenizer(tmp, args.vocab)
-        rng = np.random.default_rng(0)
-        rows = [measure(int(b), args.k, tokenizer, args.vocab, args.reps, device, rng)
-                for b in args.batches.split(",")]
-    print(f"structured outputs, SYNTHETIC JSON-schema requests and trained {args.vocab}-token vocabulary: "
+    info = xgr.TokenizerInfo(synthetic_vocab(args.vocab), xgr.VocabType.RAW,
+                             vocab_size=args.vocab, stop_token_ids=[0])
+    # As specd.engine.structured_outputs.GrammarCompiler compiles a JSON schema (compact).
+    grammar = xgr.GrammarCompiler(info, max_threads=1).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    rng = np.random.default_rng(0)
+    rows = [measure(int(b), args.k, grammar, args.vocab, args.reps, device, rng) for b in args.batches.split(",")]
+    print(f"structured outputs, SYNTHETIC JSON-schema requests and {args.vocab}-token vocabulary: "
           f"GrammarMasks.apply per verify step, chains of k = {args.k}, device {args.device}, "
           f"median of {args.reps}")
     print(f"{'batch':>5} {'rows':>5} {'ms/step':>9} {'us/row':>8} {'min ms':>8}")

@@ -14,7 +14,7 @@ from scipy import stats
 
 import specd
 import xgrammar as xgr
-from specd.engine.structured_outputs import GrammarMasks, _fill_tree
+from specd.engine.structured_outputs import GrammarMasks, _fill_tree, apply_bitmask_torch
 
 SO = specd.StructuredOutputsParams
 SCHEMA = {"type": "object", "properties": {"size": {"enum": ["S", "M", "L"]}, "name": {"type": "string", "maxLength": 6},
@@ -99,6 +99,21 @@ def test_greedy_speculation_under_constraints_equals_plain(setup, plain_outputs,
         assert [o.token_ids for o in outs] == [o.token_ids for o in plain_outputs[kind]], kind
         drafted += sum(o.metrics.draft_tokens for o in outs)
     assert drafted > 0, "nothing was drafted: speculation was not exercised"
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_a_batch_mixing_constrained_and_free_requests(setup, method):
+    """Constrained requests between unconstrained ones (their rows are not the batch's first):
+    each output is what it is alone under plain decoding."""
+    target, draft = setup
+    free = specd.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    params = [free, specd.SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=CONSTRAINTS["regex"]),
+              free, specd.SamplingParams(temperature=0.0, max_tokens=48, structured_outputs=CONSTRAINTS["json"])]
+    plain = make_llm(target, draft, "none")
+    want = [plain.generate([p], sp)[0].token_ids for p, sp in zip(PROMPTS, params)]
+    outs = make_llm(target, draft, method).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == want
+    assert follows("regex", outs[1].text) and outs[3].finish_reason in ("stop", "length")
 
 
 def test_sampled_speculation_draws_the_constrained_distribution(setup):
@@ -204,3 +219,23 @@ def test_a_refused_emitted_token_fails_its_request(setup):
     errors = {}
     GrammarMasks().apply(torch.from_numpy(logits), [(req, specd.TokenTree(0), 0)], errors)
     assert "refused output token" in errors[req.id]
+
+
+def test_the_gpu_masking_equals_xgrammars_cpu_kernel():
+    """apply_bitmask_torch (what a GPU runs) against xgrammar's CPU kernel (what the CPU
+    runs), on random bitmasks over some rows of random logits, in float32 and bfloat16."""
+    import torch
+
+    rng = np.random.default_rng(3)
+    for vocab, dtype in ((1000, torch.float32), (4099, torch.bfloat16)):
+        logits = torch.from_numpy(rng.standard_normal((9, vocab)).astype(np.float32)).to(dtype)
+        rows = np.array([0, 4, 5, 8])
+        bitmask = xgr.allocate_token_bitmask(len(rows), vocab)
+        bitmask.copy_(torch.from_numpy(rng.integers(-2**31, 2**31 - 1, bitmask.shape, dtype=np.int64).astype(np.int32)))
+        want, got = logits.clone(), logits.clone()
+        full = xgr.allocate_token_bitmask(logits.shape[0], vocab)  # xgrammar: a bitmask row per logits row
+        full[torch.from_numpy(rows)] = bitmask
+        xgr.apply_token_bitmask_inplace(want, full, indices=rows.tolist())
+        apply_bitmask_torch(got, rows, bitmask)
+        assert torch.equal(got, want)
+        assert torch.isinf(got[rows]).any() and torch.equal(got[[1, 2, 3, 6, 7]], logits[[1, 2, 3, 6, 7]])

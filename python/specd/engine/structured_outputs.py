@@ -23,8 +23,9 @@ Rules
 - A request whose matcher refuses an emitted token fails alone (finish_reason "error"); a
   row the constraint and the other processors leave without a finite logit fails its
   request the same way (batch_verify).
-- Masks are filled on the host (int32 bitmasks, a bit per token), uploaded once per step
-  and applied to the step's constrained rows in one pass.
+- Masks are filled on the host (int32 bitmasks, a bit per token) and applied to the step's
+  constrained rows in one pass: on the CPU by xgrammar's kernel, in place; on a GPU
+  uploaded once and unpacked and applied by torch ops (no Triton needed).
 """
 
 from __future__ import annotations
@@ -124,18 +125,16 @@ class GrammarMasks:
                 jobs.append((matcher, tree, start))
         if not jobs:
             return
-        bitmask = xgr.allocate_token_bitmask(sum(len(tree) for _, tree, _ in jobs), vocab)  # all allowed
-        rows, at = [], 0
+        bitmask = xgr.allocate_token_bitmask(logits.shape[0], vocab)  # a row per logits row, all allowed
+        rows = []
         for matcher, tree, start in jobs:
-            _fill_tree(matcher, tree, bitmask, at)
+            _fill_tree(matcher, tree, bitmask, start)
             rows.append(start + np.arange(len(tree), dtype=np.int64))
-            at += len(tree)
-        r, bits = upload_packed(logits.device, [np.concatenate(rows), bitmask.numpy()])
-        shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-        allowed = ((bits.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
-        sub = logits.index_select(0, r)
-        sub.masked_fill_(~allowed, float("-inf"))
-        logits.index_copy_(0, r, sub)
+        rows = np.concatenate(rows)
+        if logits.device.type == "cpu":  # xgrammar's CPU kernel: in place, one pass over the rows
+            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows.tolist())
+        else:
+            apply_bitmask_torch(logits, rows, bitmask[torch.from_numpy(rows)])
 
     def _matcher(self, req):
         """The request's matcher with its output tokens fed; None when it refused one."""
@@ -152,6 +151,18 @@ class GrammarMasks:
             fed += 1
         self._fed[req.id] = len(req.output_ids) if matcher.is_terminated() else fed
         return matcher
+
+
+def apply_bitmask_torch(logits: torch.Tensor, rows: np.ndarray, bitmask: torch.Tensor) -> None:
+    """Sets ``logits[rows[i], t]`` to -inf where bit t of ``bitmask[i]`` (int32 ``[len(rows),
+    ceil(vocab / 32)]``, on the host) is 0: one upload, then torch ops on the logits' device."""
+    vocab = logits.shape[-1]
+    r, bits = upload_packed(logits.device, [rows, bitmask.numpy()])
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bits.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
+    sub = logits.index_select(0, r)
+    sub.masked_fill_(~allowed, float("-inf"))
+    logits.index_copy_(0, r, sub)
 
 
 def _allowed(bitmask: torch.Tensor, row: int, token: int) -> bool:
