@@ -15,7 +15,8 @@ can have). Each rep first emits k + 1 tokens per request (a step's
 accepted drafts and bonus token, fed to the matchers inside the timed call, as in the
 engine), then times one ``apply`` over ``[batch x (k + 1), vocab]`` float32 logits: the
 matchers' catch-up, one bitmask fill per row (the tree walk), the upload and the masking.
-Median ms per step, and µs per row.
+Median ms per step, and µs per row; "fill": of that, the tree walks (xgrammar's bitmask
+fills, accept and rollback), the host work a GPU does not take over.
 """
 
 from __future__ import annotations
@@ -81,8 +82,18 @@ def measure(batch: int, k: int, grammar, vocab: int, reps: int, device: torch.de
     import xgrammar as xgr
 
     import specd
+    from specd.engine import structured_outputs
     from specd.engine.request import Request
     from specd.engine.structured_outputs import GrammarMasks
+
+    fill_s = [0.0]  # time in the tree walks (bitmask fills), the rest of apply is catch-up and masking
+    walk = structured_outputs._fill_tree
+
+    def timed_walk(*args):
+        t = time.perf_counter()
+        walk(*args)
+        fill_s[0] += time.perf_counter() - t
+    structured_outputs._fill_tree = timed_walk
 
     so = specd.StructuredOutputsParams(json=SCHEMA)
     params = specd.SamplingParams(max_tokens=100_000, structured_outputs=so)
@@ -93,7 +104,7 @@ def measure(batch: int, k: int, grammar, vocab: int, reps: int, device: torch.de
     masks = GrammarMasks()
     logits = torch.zeros(batch * (k + 1), vocab, device=device)
     starts = [(k + 1) * i for i in range(batch)]
-    times = []
+    times, fills = [], []
     for rep in range(reps + 1):
         trees = []
         for r, w in zip(reqs, walkers):
@@ -123,15 +134,19 @@ def measure(batch: int, k: int, grammar, vocab: int, reps: int, device: torch.de
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         errors: dict = {}
+        fill_s[0] = 0.0
         masks.apply(x, list(zip(reqs, trees, starts)), errors)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if rep:  # the first is a warm-up
             times.append(time.perf_counter() - t0)
+            fills.append(fill_s[0])
         assert not errors, errors
+    structured_outputs._fill_tree = walk
     ms = statistics.median(times) * 1e3
     return {"batch": batch, "k": k, "rows": batch * (k + 1), "ms_per_step": ms,
-            "us_per_row": 1e3 * ms / (batch * (k + 1)), "ms_min": min(times) * 1e3}
+            "us_per_row": 1e3 * ms / (batch * (k + 1)), "ms_min": min(times) * 1e3,
+            "fill_us_per_row": 1e6 * statistics.median(fills) / (batch * (k + 1))}
 
 
 def main(argv=None) -> int:
@@ -155,9 +170,10 @@ def main(argv=None) -> int:
     print(f"structured outputs, SYNTHETIC JSON-schema requests and {args.vocab}-token vocabulary: "
           f"GrammarMasks.apply per verify step, chains of k = {args.k}, device {args.device}, "
           f"median of {args.reps}")
-    print(f"{'batch':>5} {'rows':>5} {'ms/step':>9} {'us/row':>8} {'min ms':>8}")
+    print(f"{'batch':>5} {'rows':>5} {'ms/step':>9} {'us/row':>8} {'min ms':>8} {'fill us/row':>12}")
     for r in rows:
-        print(f"{r['batch']:5d} {r['rows']:5d} {r['ms_per_step']:9.3f} {r['us_per_row']:8.1f} {r['ms_min']:8.3f}")
+        print(f"{r['batch']:5d} {r['rows']:5d} {r['ms_per_step']:9.3f} {r['us_per_row']:8.1f} {r['ms_min']:8.3f} "
+              f"{r['fill_us_per_row']:12.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"synthetic": True, "vocab": args.vocab, "rows": rows}, indent=1))
     return 0
