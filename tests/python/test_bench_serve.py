@@ -64,6 +64,13 @@ def test_bench_serve_measures_the_server(url, tmp_path, capsys, mode):
             assert all(r["ttft"] == r["e2e"] for r in run["requests"])
     sent = [r["sent"] for r in runs[1]["requests"]]
     assert sent == sorted(sent) and sent[-1] > 0.02  # spread by the arrivals at 40 requests/s
+    # specd reports the prompt tokens its prefix cache served: the second run resends the
+    # first run's prompts, whose blocks are cached by then.
+    first, second = runs[0]["summary"], runs[1]["summary"]
+    assert first["prompt_tokens"] == second["prompt_tokens"] > 0
+    assert second["cached_prompt_tokens"] > 0
+    assert second["prefix_cache_hit_share"] == pytest.approx(second["cached_prompt_tokens"] / second["prompt_tokens"])
+    assert "cached" in printed and "%" in printed
 
 
 def test_bench_serve_sends_the_api_key(models_with_key, capsys, monkeypatch):

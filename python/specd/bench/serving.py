@@ -12,7 +12,9 @@ Rules:
   text, flagged as estimated), TPOT = (E2E - TTFT) / (tokens - 1), and the gaps between
   events with text (ITL; a speculative server sends several tokens per event).
 - Summary: completed and failed requests, duration (first arrival -> last completion),
-  requests/s and output tokens/s, and mean / p50 / p99 of TTFT, TPOT, ITL and E2E (ms).
+  requests/s and output tokens/s, and mean / p50 / p99 of TTFT, TPOT, ITL and E2E (ms); with
+  servers that report it (``usage.prompt_tokens_details.cached_tokens``: specd, vLLM with
+  prefix caching), the share of prompt tokens served from the prefix cache.
 - Greedy by default (temperature 0, ``ignore_eos``: every request generates ``max_tokens``,
   so servers do the same work); failures (HTTP errors, error events) are counted, not
   retried.
@@ -40,6 +42,8 @@ class RequestResult:
     e2e: Optional[float] = None
     output_tokens: int = 0
     estimated_tokens: bool = False  # no usage event: tokens counted as events with text
+    prompt_tokens: Optional[int] = None  # the usage's, when the server reports it
+    cached_tokens: Optional[int] = None  # usage.prompt_tokens_details.cached_tokens, when reported
     gaps: list[float] = field(default_factory=list)  # seconds between events with text
 
 
@@ -109,11 +113,23 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
            "requests_per_s": len(done) / duration if duration > 0 else 0.0,
            "output_tokens": tokens, "output_tokens_per_s": tokens / duration if duration > 0 else 0.0,
            "tokens_estimated": any(r.estimated_tokens for r in done),
+           **_cache_share(done),
            "errors": sorted({r.error for r in results if r.error})[:5]}
     for name, values in (("ttft", [r.ttft for r in done if r.ttft is not None]), ("tpot", tpot),
                          ("itl", [g for r in done for g in r.gaps]), ("e2e", [r.e2e for r in done])):
         out[f"{name}_ms"] = _stats([v * 1e3 for v in values])
     return out
+
+
+def _cache_share(done: list[RequestResult]) -> dict:
+    """Prompt tokens and those served from the prefix cache, over the requests whose server
+    reported both (None when none did)."""
+    known = [r for r in done if r.prompt_tokens is not None and r.cached_tokens is not None]
+    if not known:
+        return {"prompt_tokens": None, "cached_prompt_tokens": None, "prefix_cache_hit_share": None}
+    prompt, cached = sum(r.prompt_tokens for r in known), sum(r.cached_tokens for r in known)
+    return {"prompt_tokens": prompt, "cached_prompt_tokens": cached,
+            "prefix_cache_hit_share": cached / prompt if prompt else 0.0}
 
 
 def _stats(values: list[float]) -> dict:
@@ -153,7 +169,7 @@ def _one(config: ServingConfig, request: tuple[str, dict], result: RequestResult
         else:
             data = json.loads(response.read())
             result.ttft = result.e2e = time.perf_counter() - sent
-            result.output_tokens = data["usage"]["completion_tokens"]
+            _read_usage(result, data["usage"])
             result.ok = True
         conn.close()
     except (OSError, ValueError, KeyError, http.client.HTTPException) as e:
@@ -184,10 +200,17 @@ def _read_stream(response, result: RequestResult, sent: float, chat: bool) -> No
                 events += 1
     result.e2e = time.perf_counter() - sent
     if usage is not None:
-        result.output_tokens = usage["completion_tokens"]
+        _read_usage(result, usage)
     else:
         result.output_tokens, result.estimated_tokens = events, True
     result.ok = True
+
+
+def _read_usage(result: RequestResult, usage: dict) -> None:
+    result.output_tokens = usage["completion_tokens"]
+    result.prompt_tokens = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details") or {}
+    result.cached_tokens = details.get("cached_tokens")
 
 
 def _headers(api_key: Optional[str]) -> dict:
@@ -209,10 +232,16 @@ def _request(url: str, method: str, path: str, body: Optional[dict], timeout_s: 
     return r.status, data
 
 
+def _share(summary: dict) -> str:
+    """The prefix cache's share of the prompt tokens, or - when the server does not say."""
+    share = summary.get("prefix_cache_hit_share")
+    return "-" if share is None else f"{100 * share:.0f}%"
+
+
 def table(runs: list[dict]) -> str:
     """One line per run (rate)."""
     head = (f"{'rate':>6} {'done':>5} {'fail':>4} {'req/s':>7} {'tok/s':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'TPOT p50':>9} {'ITL p50':>8} {'E2E p50':>9} {'E2E p99':>9}  (ms)")
+            f"{'TPOT p50':>9} {'ITL p50':>8} {'E2E p50':>9} {'E2E p99':>9}  (ms) {'cached':>7}")
     lines = [head]
     for run_ in runs:
         s, rate = run_["summary"], run_["config"]["rate"]
@@ -223,5 +252,5 @@ def table(runs: list[dict]) -> str:
         lines.append(f"{'inf' if rate is None else f'{rate:g}':>6} {s['completed']:>5} {s['failed']:>4} "
                      f"{s['requests_per_s']:>7.2f} {s['output_tokens_per_s']:>8.1f} {ms('ttft_ms', 'p50'):>9} "
                      f"{ms('ttft_ms', 'p99'):>9} {ms('tpot_ms', 'p50'):>9} {ms('itl_ms', 'p50'):>8} "
-                     f"{ms('e2e_ms', 'p50'):>9} {ms('e2e_ms', 'p99'):>9}")
+                     f"{ms('e2e_ms', 'p50'):>9} {ms('e2e_ms', 'p99'):>9}       {_share(s):>7}")
     return "\n".join(lines)
