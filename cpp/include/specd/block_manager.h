@@ -113,7 +113,8 @@ struct PrefixCacheStats {
   int64_t cached_pages = 0;     // pages registered (used or evictable)
   int32_t evictable_pages = 0;  // registered pages no sequence references
   int64_t evictions = 0;        // registered pages taken by allocation (since creation or reset)
-  int64_t hit_pages = 0;        // pages adopted by match_prefix (since creation or reset)
+  int64_t hit_pages = 0;        // pages adopted by match_prefix (since creation or reset; each
+                                // call counts, also one whose admission is then undone)
 };
 
 class BlockManager {

@@ -103,6 +103,7 @@ class GrammarMasks:
     def __init__(self):
         self._matchers: dict[int, object] = {}
         self._fed: dict[int, int] = {}  # request id -> output tokens its matcher has accepted
+        self._bitmask = None  # int32 [rows, ceil(vocab / 32)] on the host, grown as needed, reused per step
 
     def release(self, request_id: int) -> None:
         self._matchers.pop(request_id, None)
@@ -125,7 +126,7 @@ class GrammarMasks:
                 jobs.append((matcher, tree, start))
         if not jobs:
             return
-        bitmask = xgr.allocate_token_bitmask(logits.shape[0], vocab)  # a row per logits row, all allowed
+        bitmask = self._rows(xgr, logits.shape[0], vocab)  # a row per logits row, all allowed
         rows = []
         for matcher, tree, start in jobs:
             _fill_tree(matcher, tree, bitmask, start)
@@ -135,6 +136,16 @@ class GrammarMasks:
             xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows.tolist())
         else:
             apply_bitmask_torch(logits, rows, bitmask[torch.from_numpy(rows)])
+
+    def _rows(self, xgr, rows: int, vocab: int) -> torch.Tensor:
+        """The step's bitmask: the first ``rows`` rows of the reused buffer, all bits set."""
+        words = (vocab + 31) // 32
+        if self._bitmask is None or self._bitmask.shape[0] < rows or self._bitmask.shape[1] != words:
+            self._bitmask = xgr.allocate_token_bitmask(max(rows, 2 * (0 if self._bitmask is None
+                                                                      else self._bitmask.shape[0])), vocab)
+        bitmask = self._bitmask[:rows]
+        bitmask.fill_(-1)
+        return bitmask
 
     def _matcher(self, req):
         """The request's matcher with its output tokens fed; None when it refused one."""
