@@ -118,6 +118,14 @@ class _Growth:
         self.depth.extend([self.depth[node] + 1] * n)
         self.token.extend(tokens.tolist())
 
+    def path(self, node: int) -> list[int]:
+        """The tokens from the root's child down to builder ``node`` (its drafts, in order)."""
+        out = []
+        while node != 0:
+            out.append(self.token[node])
+            node = self.parent[node]
+        return out[::-1]
+
     def fed_slots(self, nodes: list[int]) -> np.ndarray:
         """int64 draft KV slots (past the catch-up) of builder ``nodes``, -1 for those never fed."""
         return np.array([self.slot.get(v, -1) for v in nodes], dtype=np.int64)
@@ -211,7 +219,7 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
                    on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
                    size: Optional[Callable[[list[WorkItem], list[np.ndarray], list[np.ndarray]],
                                            list[tuple[list[int], float]]]] = None,
-                   graph=None) -> list[DraftTree]:
+                   graph=None, grammar=None) -> list[DraftTree]:
     """The draft trees of ``items`` (each k > 0), in item order (rules above).
     ``size(items, path_probs, parents)``, when given (the policy's size_trees), gets every
     grown node's path probability and parent (-1: the root) and returns per tree the nodes
@@ -223,7 +231,14 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
     device over fixed-shape buffers (CUDA graph replays on GPUs, one host read per call); the
     engine passes its runner when ``LLM(..., draft_graph=...)`` is on. Batches it does not
     accept (another model, pool or width; k or batch size past its buffers) grow here, with
-    one host read per forward."""
+    one host read per forward.
+
+    ``grammar``: a grammar_drafts.DraftGrammar that masks the rows of requests with
+    structured outputs to what their grammar allows after each fed node's path, so their
+    candidates are tokens the grammar allows; a call with such a request grows here."""
+    constrained = [it.request.params.structured_outputs is not None for it in items] if grammar is not None else []
+    if any(constrained):
+        graph = None
     def run(segments: list[Segment]) -> torch.Tensor:
         tokens = sum(len(seg.input_ids) for seg in segments)
         call = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
@@ -241,6 +256,8 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
         return _trees(grow, items, size)
     grow = [_Growth(it, width, model.window is not None) for it in items]
     logits = run([catch_up_segment(it) for it in items])  # [n, vocab]: each root's next token
+    if any(constrained):
+        grammar.mask(logits, [(i, it.request, ()) for i, it in enumerate(items) if constrained[i]])
     cluster = kernels_of(model).cluster_rows
     tokens, probs = _children(logits, items, width, cluster)
     for i, g in enumerate(grow):
@@ -252,6 +269,9 @@ def run_draft_tree(model: LlamaModel, pool: KVCachePool, items: list[WorkItem], 
             break
         logits = run([g.segment(front) for g, front in fronts if front])
         new = [(g, node) for g, front in fronts for node in front]
+        if any(constrained):
+            grammar.mask(logits, [(r, g.item.request, g.path(node)) for r, (g, node) in enumerate(new)
+                                  if g.item.request.params.structured_outputs is not None])
         tokens, probs = _children(logits, [g.item for g, _ in new], width, cluster)
         for r, (g, node) in enumerate(new):
             g.expand(node, tokens[r], probs[r])

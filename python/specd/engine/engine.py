@@ -16,6 +16,7 @@ from specd import _core
 from specd.engine import model_runner
 from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
+from specd.engine.grammar_drafts import DraftGrammar, constrained, prune_tree
 from specd.engine.logits_processors import LogitsProcessors
 from specd.engine.logprobs import TokenLogprobs
 from specd.engine.params import SpeculationConfig
@@ -77,6 +78,9 @@ class Engine:
         # only the rows of visited nodes are planned, none is written). False: every node's
         # probability row is written by sampling_probs first (the same results).
         self.verify_from_logits = True
+        # Requests with structured outputs: model-free trees pruned to what the grammar allows,
+        # draft-model rows masked by it (grammar_drafts.py). False: both off (same outputs).
+        self.constrain_drafts = True
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
@@ -284,44 +288,73 @@ class Engine:
                 by_method.setdefault(it.method, []).append(it)
         for method, group in by_method.items():
             if method == "draft":
-                def on_forward(tokens: int, fn, keys: Optional[int] = None):
-                    self.timings.draft_forwards += 1
-                    return self._timed_forward("draft", tokens, fn, keys)
-                width = self.scheduler.config.draft_tree_width
-                if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
-                    sizer = self._tree_sizer(items, group, prefix_tokens)
-                    for it, drafted in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward,
-                                                                 sizer, graph=self.draft_graph)):
-                        trees[it.request.id] = drafted.tree
-                        self._draft_trees[it.request.id] = drafted
-                        if sizer is not None and drafted.tree.num_drafts:  # the policy learns its calibration
-                            self._tree_probs[it.request.id] = drafted.predicted
-                    continue
-                # Only draft-model chains in the step: they may stay on the device until the
-                # target graph runner has queued the verify forward (the target's inputs then
-                # have no host-known draft tokens to mix with theirs).
-                # (Penalties and grammars need the drafts on the host before verification: logits_processors.py.)
-                kept = (model_runner.run_draft_on_device(self.draft, self.pool, group, on_forward, self.draft_graph)
-                        if self.device_drafts and len(by_method) == 1 and self.target_graph is not None
-                        and not any(it.request.params.needs_host_drafts for it in group) else None)
-                if kept is not None:
-                    on_device, qs = kept
-                    drafts = [[0] * it.k for it in group]  # placeholders (_place_drafts)
-                else:
-                    drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward,
-                                                        graph=self.draft_graph)
-                for it, d, q in zip(group, drafts, qs):
-                    trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
-                    if q is not None:  # rows of the k nodes with children (the leaf has none)
-                        dists[it.request.id] = q
+                grammar = (DraftGrammar(self.processors.grammars)
+                           if self.constrain_drafts and any(constrained(it.request) for it in group) else None)
+                try:
+                    on_device = self._propose_draft(items, group, trees, dists, prefix_tokens,
+                                                    alone=len(by_method) == 1, grammar=grammar)
+                finally:
+                    if grammar is not None:
+                        grammar.close()
             else:
-                out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
-                                                     [it.nodes for it in group])
-                for i, it in enumerate(group):
-                    trees[it.request.id] = out.tree(i)
-                    if self.scheduler.probe is not None:  # a policy that learns from node probabilities
-                        self._tree_probs[it.request.id] = out.expected_accepted(i)
+                self._propose_free(method, group, trees)
         return trees, dists, on_device
+
+    def _propose_draft(self, items: list[WorkItem], group: list[WorkItem], trees: dict[int, TokenTree],
+                       dists: dict[int, torch.Tensor], prefix_tokens: int, alone: bool,
+                       grammar: Optional[DraftGrammar]) -> Optional[model_runner.DeviceDrafts]:
+        """The draft model's trees (or chains, and their distributions) for ``group``, into
+        ``trees`` / ``dists``; returns the chains when they stayed on the device (``alone``:
+        no other proposer has items in the step)."""
+        def on_forward(tokens: int, fn, keys: Optional[int] = None):
+            self.timings.draft_forwards += 1
+            return self._timed_forward("draft", tokens, fn, keys)
+        width = self.scheduler.config.draft_tree_width
+        if width > 1:  # deterministic top-w candidates: verified one-hot (no draft rows)
+            sizer = self._tree_sizer(items, group, prefix_tokens)
+            for it, drafted in zip(group, run_draft_tree(self.draft, self.pool, group, width, on_forward,
+                                                         sizer, graph=self.draft_graph, grammar=grammar)):
+                trees[it.request.id] = drafted.tree
+                self._draft_trees[it.request.id] = drafted
+                if sizer is not None and drafted.tree.num_drafts:  # the policy learns its calibration
+                    self._tree_probs[it.request.id] = drafted.predicted
+            return None
+        # Only draft-model chains in the step: they may stay on the device until the target
+        # graph runner has queued the verify forward (the target's inputs then have no
+        # host-known draft tokens to mix with theirs).
+        # (Penalties and grammars need the drafts on the host before verification: logits_processors.py.)
+        on_device = None
+        kept = (model_runner.run_draft_on_device(self.draft, self.pool, group, on_forward, self.draft_graph)
+                if self.device_drafts and alone and self.target_graph is not None
+                and not any(it.request.params.needs_host_drafts for it in group) else None)
+        if kept is not None:
+            on_device, qs = kept
+            drafts = [[0] * it.k for it in group]  # placeholders (_place_drafts)
+        else:
+            drafts, qs = model_runner.run_draft(self.draft, self.pool, group, on_forward, graph=self.draft_graph,
+                                                grammar=grammar)
+        for it, d, q in zip(group, drafts, qs):
+            trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], d)
+            if q is not None:  # rows of the k nodes with children (the leaf has none)
+                dists[it.request.id] = q
+        return on_device
+
+    def _propose_free(self, method: str, group: list[WorkItem], trees: dict[int, TokenTree]) -> None:
+        """A model-free proposer's trees for ``group``, into ``trees``; a constrained request's
+        pruned to what its grammar allows (grammar_drafts.prune_tree)."""
+        out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
+                                             [it.nodes for it in group])
+        for i, it in enumerate(group):
+            tree, kept = out.tree(i), None
+            if self.constrain_drafts and constrained(it.request) and tree.num_drafts:
+                matcher = self.processors.grammars.matcher(it.request)
+                pruned = prune_tree(matcher, tree) if matcher is not None else None
+                if pruned is not None:
+                    tree, kept = pruned
+            trees[it.request.id] = tree
+            if self.scheduler.probe is not None:  # a policy that learns from node probabilities
+                self._tree_probs[it.request.id] = (out.expected_accepted(i) if kept is None else
+                                                   float(out.node_probs[out.offsets[i] + kept[1:]].sum()))
 
     def _commit_prefill(self, it: WorkItem) -> None:
         req = it.request

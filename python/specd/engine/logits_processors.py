@@ -143,6 +143,11 @@ class LogitsProcessors:
         self._grammars = GrammarMasks()
         self.all_columns = all_columns
 
+    @property
+    def grammars(self) -> GrammarMasks:
+        """The requests' grammar matchers (structured outputs)."""
+        return self._grammars
+
     def release(self, request_id: int) -> None:
         if self._penalties is not None:
             self._penalties.release(request_id)

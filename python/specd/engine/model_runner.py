@@ -282,7 +282,7 @@ def catch_up_segment(item: WorkItem) -> Segment:
 
 def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
               on_forward: Optional[Callable[[int, Callable[[], torch.Tensor], int], torch.Tensor]] = None,
-              graph=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
+              graph=None, grammar=None) -> tuple[list[list[int]], list[Optional[torch.Tensor]]]:
     """The draft model proposes a chain of item.k tokens for each item (k > 0). Returns the
     drafts and, for stochastic requests, the draft distributions ``[k, vocab]`` they were
     sampled from (row j: the distribution of draft j+1); None for greedy requests. When the
@@ -296,9 +296,17 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     request's catch-up fits its buffers (``graph.catch_up_width``) the runner runs all k
     forwards, forward 0 included; otherwise forward 0 runs here and the runner forwards
     1..k-1. Batches the runner does not accept (another model or pool, k or batch size past
-    its buffers) run the plain loop."""
+    its buffers) run the plain loop.
+
+    ``grammar``: a grammar_drafts.DraftGrammar that masks the rows of requests with
+    structured outputs to what their grammar allows after the drafts sampled so far (read on
+    the host after each forward); a call with such a request runs the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
+    paths = {i: [] for i, it in enumerate(items) if it.request.params.structured_outputs is not None} \
+        if grammar is not None else {}
+    if paths:
+        graph = None
     whole = run_draft_on_device(model, pool, items, on_forward, graph)
     if whole is not None:  # all k forwards in the runner, forward 0 too
         drafts, dists = whole
@@ -322,6 +330,8 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
         tokens = sum(len(seg.input_ids) for seg in segments)
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         logits = on_forward(tokens, run, segment_keys(segments)) if on_forward is not None else run()
+        if paths:
+            grammar.mask(logits, [(row, items[i].request, paths[i]) for row, i in enumerate(active) if i in paths])
         greedy = row_argmax(logits) if any(items[i].request.params.greedy for i in active) else None
         rows = [row for row, i in enumerate(active) if not items[i].request.params.greedy]
         if rows:  # one kernel call for the sampled rows; key (seed, request, DRAFT_STREAM, req.length + j)
@@ -339,6 +349,9 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
                 continue
             sampled[i].append(drawn[at[row]])
             dists[i].append(probs[at[row]])
+        for i in paths:
+            if items[i].k > j + 1:  # the next forward's row continues this path
+                paths[i].append(int(sampled[i][j]))
     if graph is not None:
         return _finish_with_graph(graph, items, sampled, dists, on_forward)
     drafts = [torch.stack(s).tolist() for s in sampled]  # the one host sync, after the loop

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -113,11 +113,10 @@ class GrammarMasks:
         """Masks the rows of ``constrained``, a list of (request, tree, first row), in
         ``logits`` ``[rows, vocab]`` (in place). A request whose matcher refuses one of its
         emitted tokens gets a message in ``errors`` instead."""
-        xgr = _xgrammar()
         vocab = logits.shape[-1]
         jobs = []
         for req, tree, start in constrained:
-            matcher = self._matcher(req)
+            matcher = self.matcher(req)
             if matcher is None:
                 errors[req.id] = (f"request {req.id}: structured_outputs: the grammar refused output token "
                                   f"{req.output_ids[self._fed[req.id]]} at position {self._fed[req.id]}")
@@ -126,19 +125,17 @@ class GrammarMasks:
                 jobs.append((matcher, tree, start))
         if not jobs:
             return
-        bitmask = self._rows(xgr, logits.shape[0], vocab)  # a row per logits row, all allowed
+        bitmask = self.bitmask_rows(logits.shape[0], vocab)  # a row per logits row, all allowed
         rows = []
         for matcher, tree, start in jobs:
             _fill_tree(matcher, tree, bitmask, start)
             rows.append(start + np.arange(len(tree), dtype=np.int64))
-        rows = np.concatenate(rows)
-        if logits.device.type == "cpu":  # xgrammar's CPU kernel: in place, one pass over the rows
-            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows.tolist())
-        else:
-            apply_bitmask_torch(logits, rows, bitmask[torch.from_numpy(rows)])
+        mask_rows(logits, np.concatenate(rows), bitmask, vocab)
 
-    def _rows(self, xgr, rows: int, vocab: int) -> torch.Tensor:
-        """The step's bitmask: the first ``rows`` rows of the reused buffer, all bits set."""
+    def bitmask_rows(self, rows: int, vocab: int) -> torch.Tensor:
+        """A bitmask int32 ``[rows, ceil(vocab / 32)]``, all bits set: the first ``rows`` rows of
+        the reused host buffer (valid until the next call)."""
+        xgr = _xgrammar()
         words = (vocab + 31) // 32
         if self._bitmask is None or self._bitmask.shape[0] < rows or self._bitmask.shape[1] != words:
             self._bitmask = xgr.allocate_token_bitmask(max(rows, 2 * (0 if self._bitmask is None
@@ -147,7 +144,7 @@ class GrammarMasks:
         bitmask.fill_(-1)
         return bitmask
 
-    def _matcher(self, req):
+    def matcher(self, req):
         """The request's matcher with its output tokens fed; None when it refused one."""
         matcher = self._matchers.get(req.id)
         if matcher is None:
@@ -164,15 +161,32 @@ class GrammarMasks:
         return matcher
 
 
-def apply_bitmask_torch(logits: torch.Tensor, rows: np.ndarray, bitmask: torch.Tensor) -> None:
+def mask_rows(logits: torch.Tensor, rows: np.ndarray, bitmask: torch.Tensor, vocab: int) -> None:
+    """Sets ``logits[r, t]`` to -inf for each r in ``rows`` where bit t of ``bitmask[r]`` (int32,
+    a row per logits row, on the host) is 0, for t below ``vocab`` (the grammar's vocabulary),
+    and for every t at or past it (no token of the grammar's vocabulary: a draft model's wider
+    rows): in place, one pass over the rows; on the CPU xgrammar's kernel, elsewhere torch ops."""
+    width = logits.shape[-1]
+    if logits.device.type == "cpu":
+        _xgrammar().apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(vocab, width), indices=rows.tolist())
+    else:
+        apply_bitmask_torch(logits, rows, bitmask[torch.from_numpy(rows)], min(vocab, width))
+    if width > vocab:
+        index = torch.from_numpy(rows).to(logits.device)
+        logits[index, vocab:] = float("-inf")
+
+
+def apply_bitmask_torch(logits: torch.Tensor, rows: np.ndarray, bitmask: torch.Tensor,
+                        vocab: Optional[int] = None) -> None:
     """Sets ``logits[rows[i], t]`` to -inf where bit t of ``bitmask[i]`` (int32 ``[len(rows),
-    ceil(vocab / 32)]``, on the host) is 0: one upload, then torch ops on the logits' device."""
-    vocab = logits.shape[-1]
+    ceil(vocab / 32)]``, on the host) is 0, for t below ``vocab`` (default: every column):
+    one upload, then torch ops on the logits' device."""
+    vocab = logits.shape[-1] if vocab is None else vocab
     r, bits = upload_packed(logits.device, [rows, bitmask.numpy()])
     shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
     allowed = ((bits.to(torch.int32).unsqueeze(-1) >> shifts) & 1).bool().flatten(1)[:, :vocab]
     sub = logits.index_select(0, r)
-    sub.masked_fill_(~allowed, float("-inf"))
+    sub[:, :vocab].masked_fill_(~allowed, float("-inf"))
     logits.index_copy_(0, r, sub)
 
 
@@ -197,6 +211,8 @@ def _fill_tree(matcher, tree, bitmask: torch.Tensor, row0: int) -> None:
             if node != 0:
                 matcher.rollback(1)
             continue
+        if matcher.is_terminated():
+            continue  # the grammar ended at node: the rows below are not masked (module rules)
         token = int(tokens[child])
         if not _allowed(bitmask, row0 + node, token) or not matcher.accept_token(token):
             continue  # ruled out: its row and those below it are never read

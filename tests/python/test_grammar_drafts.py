@@ -1,0 +1,224 @@
+"""Structured outputs on the proposing side (engine/grammar_drafts.py): model-free trees are
+pruned to the paths the grammar accepts, the draft model's rows are masked as the target's
+are. Checked against fresh matchers on random trees and paths; in the engine every verified
+draft follows the grammar, outputs equal those with both off, and a draft identical to the
+target is always accepted (without the masks it almost never is)."""
+
+import numpy as np
+import pytest
+import torch
+
+import specd
+import xgrammar as xgr
+from specd.engine import engine as engine_module
+from specd.engine.grammar_drafts import DraftGrammar, prune_tree
+from specd.engine.structured_outputs import GrammarMasks
+
+SO = specd.StructuredOutputsParams
+SCHEMA = {"type": "object", "properties": {"size": {"enum": ["S", "M", "L"]}, "name": {"type": "string", "maxLength": 6},
+                                            "ok": {"type": "boolean"}},
+          "required": ["size", "name", "ok"], "additionalProperties": False}
+CONSTRAINTS = {"json": SO(json=SCHEMA), "regex": SO(regex=r"[0-9]{3}-[a-z]{2,5}"),
+               "choice": SO(choice=["yes", "no", "maybe later"])}
+PROMPTS = ["def f(x):\n    return", "The answer is", '{"size": "M", "name": "ab", "ok": true} {"size":', "12-ab 345-"]
+METHODS = {"ngram": {}, "suffix": {}, "draft": {}, "draft-tree": {"draft_tree_width": 2}}
+REGEX = r"[0-9]{2,6}(-[a-z]{1,3})?"
+
+
+def make_llm(target, draft, method, k=4):
+    name = "draft" if method.startswith("draft") else method
+    return specd.LLM(target, draft if name == "draft" else None,
+                     specd.SpeculationConfig(method=name, num_speculative_tokens=k, **METHODS[method]))
+
+
+def walk(grammar, prefix, path) -> str:
+    """What a fresh matcher makes of ``path`` after ``prefix``: "ok" (accepted, the grammar
+    still open), "free" (the grammar ended on the way: unconstrained from there), "no"."""
+    m = xgr.GrammarMatcher(grammar)
+    assert all(m.accept_token(t) for t in prefix)
+    for t in path:
+        if m.is_terminated():
+            return "free"
+        if not m.accept_token(int(t)):
+            return "no"
+    return "free" if m.is_terminated() else "ok"
+
+
+def random_tree(rng, tokens_from, vocab, n):
+    parents, tokens = [-1], [0]
+    for i in range(1, n):
+        parent = int(rng.integers(0, i))
+        siblings = {tokens[j] for j in range(1, i) if parents[j] == parent}
+        token = int(rng.choice(tokens_from)) if rng.random() < 0.85 else int(rng.integers(0, vocab))
+        while token in siblings:
+            token = int(rng.integers(0, vocab))
+        parents.append(parent)
+        tokens.append(token)
+    return parents, tokens
+
+
+def same_mask(matcher, grammar, accepted, vocab) -> bool:
+    """Whether ``matcher`` allows what a fresh matcher does after ``accepted``."""
+    fresh = xgr.GrammarMatcher(grammar)
+    assert all(fresh.accept_token(t) for t in accepted)
+    got, want = xgr.allocate_token_bitmask(1, vocab), xgr.allocate_token_bitmask(1, vocab)
+    matcher.fill_next_token_bitmask(got, 0)
+    fresh.fill_next_token_bitmask(want, 0)
+    return torch.equal(got, want)
+
+
+def path_of(parents, tokens, node):
+    out = []
+    while node > 0:
+        out.append(tokens[node])
+        node = parents[node]
+    return out[::-1]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir, tiny_llama_draft_dir):
+    return make_llm(tiny_llama_dir, tiny_llama_draft_dir, "draft")
+
+
+def test_prune_tree_keeps_exactly_the_paths_a_fresh_matcher_accepts(llm):
+    """Random trees of digits, letters, '-', EOS (the grammar's stop token: below it nothing
+    is constrained) and random tokens: a node stays iff its path is accepted or passes the
+    grammar's end; the kept tree is the original's restriction; the matcher ends where it
+    started."""
+    grammar = llm._grammars.compile(SO(regex=REGEX))
+    vocab = llm.target.config.vocab_size
+    tok = llm.tokenizer
+    alphabet = [tok.convert_tokens_to_ids(c) for c in "0123456789-ab"] + [0]
+    prefix = [tok.convert_tokens_to_ids("4")]
+    rng = np.random.default_rng(0)
+    pruned = unchanged = 0
+    for _ in range(60):
+        parents, tokens = random_tree(rng, alphabet, vocab, int(rng.integers(2, 14)))
+        tree = specd.TokenTree.from_parents(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32))
+        want = [n for n in range(len(tokens)) if n == 0 or walk(grammar, prefix, path_of(parents, tokens, n)) != "no"]
+        matcher = xgr.GrammarMatcher(grammar)
+        matcher.accept_token(prefix[0])
+        got = prune_tree(matcher, tree)
+        if got is None:
+            unchanged += 1
+            assert want == list(range(len(tokens)))
+        else:
+            pruned += 1
+            out, kept = got
+            assert sorted(kept.tolist()) == want and kept[0] == 0
+            position = {int(old): new for new, old in enumerate(kept)}
+            assert list(out.tokens) == [tokens[v] for v in kept]
+            assert list(out.parents) == [-1] + [position[parents[v]] for v in kept[1:]]
+        assert same_mask(matcher, grammar, prefix, vocab), "the walk moved the matcher"
+    assert pruned > 10 and unchanged > 3, (pruned, unchanged)
+
+
+def test_draft_grammar_masks_each_row_as_a_fresh_matcher(llm):
+    """DraftGrammar.mask over a random sequence of (row, request, path), two requests at
+    different outputs, rows wider than the grammar's vocabulary (a draft's): each masked row
+    equals a fresh matcher's mask after output + path (columns past the vocabulary -inf); a
+    refused or ended path leaves its row as it was; close() returns each matcher to its
+    output."""
+    grammar_params = SO(regex=REGEX)
+    vocab = llm.target.config.vocab_size
+    tok = llm.tokenizer
+    digits = [tok.convert_tokens_to_ids(c) for c in "0123456789"]
+    dash, a = tok.convert_tokens_to_ids("-"), tok.convert_tokens_to_ids("a")
+    reqs = llm._requests(["x", "y"], specd.SamplingParams(structured_outputs=grammar_params))
+    reqs[1].output_ids.extend([digits[1], digits[2], digits[3]])
+    masks = GrammarMasks()
+    draft_grammar = DraftGrammar(masks)
+    rng = np.random.default_rng(1)
+    width = vocab + 7
+    checked = {"masked": 0, "left": 0}
+    for _ in range(40):
+        rows = []
+        for row in range(int(rng.integers(1, 5))):
+            req = reqs[int(rng.integers(0, 2))]
+            path = [int(rng.choice(digits + [dash, a, 0])) for _ in range(int(rng.integers(0, 5)))]
+            rows.append((row, req, path))
+        logits = torch.from_numpy(rng.standard_normal((len(rows) + 1, width)).astype(np.float32))
+        before = logits.clone()
+        draft_grammar.mask(logits, rows)
+        assert torch.equal(logits[len(rows)], before[len(rows)])  # a row nobody asked for
+        for row, req, path in rows:
+            state = walk(req.grammar, req.output_ids, path)
+            if state != "ok":
+                assert torch.equal(logits[row], before[row]), (state, path)
+                checked["left"] += 1
+                continue
+            fresh = xgr.GrammarMatcher(req.grammar)
+            assert all(fresh.accept_token(t) for t in req.output_ids + path)
+            want = xgr.allocate_token_bitmask(1, vocab)
+            fresh.fill_next_token_bitmask(want, 0)
+            bits = ((want[0].numpy()[:, None] >> np.arange(32)) & 1).astype(bool).reshape(-1)[:vocab]
+            expected = before[row].clone()
+            expected[:vocab][~torch.from_numpy(bits)] = float("-inf")
+            expected[vocab:] = float("-inf")
+            assert torch.equal(logits[row], expected), (path, torch.nonzero(logits[row] != expected)[:5])
+            checked["masked"] += 1
+    assert checked["masked"] > 20 and checked["left"] > 5, checked
+    draft_grammar.close()
+    for req in reqs:
+        assert same_mask(masks.matcher(req), req.grammar, req.output_ids, vocab)
+
+
+def recording(monkeypatch):
+    """Records, per verify step, each constrained request's output so far and its tree."""
+    seen = []
+    original = engine_module.Engine._propose
+
+    def propose(self, items, prefix_tokens=0):
+        trees, dists, on_device = original(self, items, prefix_tokens)
+        for it in items:
+            req = it.request
+            if req.params.structured_outputs is not None:
+                tree = trees[req.id]
+                seen.append((req.grammar, list(req.output_ids), list(tree.parents), list(tree.tokens)))
+        return trees, dists, on_device
+
+    monkeypatch.setattr(engine_module.Engine, "_propose", propose)
+    return seen
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_verified_draft_follows_the_grammar(tiny_llama_dir, tiny_llama_draft_dir, monkeypatch, method):
+    """With constrain_drafts every draft of every verified tree is one the grammar allows after
+    the output and the drafts above it; outputs equal those of an engine with it off, which
+    verifies drafts the grammar rules out."""
+    seen = recording(monkeypatch)
+    outputs, bad = {}, {}
+    for on in (True, False):
+        llm = make_llm(tiny_llama_dir, tiny_llama_draft_dir, method)
+        llm.engine.constrain_drafts = on
+        seen.clear()
+        outputs[on] = [llm.generate(PROMPTS, specd.SamplingParams(temperature=0.0, max_tokens=40,
+                                                                  structured_outputs=so))
+                       for so in CONSTRAINTS.values()]
+        drafts = bad[on] = 0
+        for grammar, output, parents, tokens in seen:
+            for node in range(1, len(tokens)):
+                drafts += 1
+                bad[on] += walk(grammar, output, path_of(parents, tokens, node)) == "no"
+        assert drafts, "nothing was drafted"
+    assert [[o.token_ids for o in outs] for outs in outputs[True]] == \
+           [[o.token_ids for o in outs] for outs in outputs[False]]
+    assert bad[True] == 0
+    assert bad[False] > 0, "the test drafts nothing the grammar rules out: it checks nothing"
+
+
+def test_an_identical_draft_is_accepted_under_a_grammar(tiny_llama_dir):
+    """The target as its own draft (greedy chains): its masked rows propose what the target's
+    masked rows pick, so (nearly) every draft is accepted; unmasked, it proposes what the
+    grammar forbids."""
+    rates = {}
+    for on in (True, False):
+        llm = specd.LLM(tiny_llama_dir, tiny_llama_dir, specd.SpeculationConfig(method="draft", num_speculative_tokens=4))
+        llm.engine.constrain_drafts = on
+        drafted = accepted = 0
+        for so in CONSTRAINTS.values():
+            for o in llm.generate(PROMPTS, specd.SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so)):
+                drafted += o.metrics.draft_tokens
+                accepted += o.metrics.accepted_tokens
+        rates[on] = accepted / drafted
+    assert rates[True] >= 0.95 and rates[False] <= 0.3, rates
