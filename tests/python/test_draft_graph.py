@@ -99,8 +99,8 @@ def checked_run_draft(monkeypatch, calls):
             return fn() if then is None else then(tokens, fn, keys)
         return on_forward
 
-    def run(model, pool, items, on_forward=None, graph=None):
-        assert graph is not None  # the engine passes its runner
+    def run(model, pool, items, on_forward=None, graph=None, grammar=None):
+        assert graph is not None and grammar is None  # the engine passes its runner (no grammar here)
         want_shapes, got_shapes = [], []
         want, want_q = real(model, pool, items, recorder(want_shapes))
         got, got_q = real(model, pool, items, recorder(got_shapes, on_forward), graph=graph)

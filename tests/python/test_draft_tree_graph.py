@@ -69,8 +69,8 @@ def checked_run_draft_tree(monkeypatch, calls):
     predicted acceptance within rounding). Then it makes the engine's call through the runner."""
     real = draft_tree.run_draft_tree
 
-    def run(model, pool, items, width, on_forward=None, size=None, graph=None):
-        assert isinstance(graph, DraftTreeGraphRunner)  # the engine passes its runner
+    def run(model, pool, items, width, on_forward=None, size=None, graph=None, grammar=None):
+        assert isinstance(graph, DraftTreeGraphRunner) and grammar is None  # the engine passes its runner
         want_grown, want = _grown(real, model, pool, items, width, None, monkeypatch)
         got_grown, got = _grown(real, model, pool, items, width, graph, monkeypatch)
         assert len(got_grown) == len(want_grown)

@@ -84,6 +84,7 @@ class Engine:
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
+        self._held: list[tuple[Request, Request]] = []  # (request, the request it follows): add(follows=...)
         # Ids of online requests (Request.online) that steps scheduled or that ended (aborts)
         # since the consumer last emptied it: LLM.step reports only those.
         self.touched: set[int] = set()
@@ -105,12 +106,31 @@ class Engine:
 
     # ---- requests ----
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, follows: Optional[Request] = None) -> None:
+        """Queues a request. ``follows``: a request with the same prompt (another completion of
+        it) whose KV this one may adopt: with prefix caching this one is held back until that
+        one has computed all of the prompt but its last token (or has ended), then queued, so
+        it adopts the prompt's cached blocks instead of prefilling them again."""
         for p in self.proposers.values():
             p.add_request(request.id, request.prompt_ids)
+        if (follows is not None and self.scheduler.prefix_caching and not request.wants_prompt_rows
+                and follows.prompt_ids == request.prompt_ids):
+            self._held.append((request, follows))
+            return
         self.scheduler.add(request)
 
+    def _release_held(self) -> None:
+        """Queues the held requests whose leader has computed its prompt (or has ended)."""
+        keep = []
+        for req, leader in self._held:
+            if leader.finished or leader.computed[TARGET] >= len(leader.prompt_ids) - 1:
+                self.scheduler.add(req)
+            else:
+                keep.append((req, leader))
+        self._held = keep
+
     def abort(self, request: Request) -> None:
+        self._held = [(r, leader) for r, leader in self._held if r is not request]
         self._release(request, finished=False)
         request.finish("abort")
         if request.online:
@@ -127,12 +147,14 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or bool(self._held)
 
     # ---- one step ----
 
     def step(self) -> list[Request]:
         self.timer.step_begin()
+        if self._held:
+            self._release_held()
         items = self.scheduler.schedule()
         if not items:
             if self.scheduler.waiting and not self.scheduler.running:

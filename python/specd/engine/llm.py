@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from specd.engine.engine import Engine
-from specd.engine.outputs import RequestOutput, StreamChunk
+from specd.engine.outputs import CompletionOutput, RequestOutput, StreamChunk
 from specd.engine.params import SamplingParams, SpeculationConfig
 from specd.engine.policies import build_policy, make_policy, policy_factory
 from specd.engine.policy import SpeculationPolicy
@@ -341,10 +341,11 @@ class LLM:
             raise InvalidArgumentError(f"prompt token ids must be ints in [0, {vocab}), one list per prompt")
         return None, ids.tolist()
 
-    def _make_request(self, prompt: Prompt, params: SamplingParams) -> Request:
+    def _make_request(self, prompt: Prompt, params: SamplingParams,
+                      tokenized: Optional[tuple[Optional[str], list[int]]] = None) -> Request:
         if not isinstance(params, SamplingParams):
             raise InvalidArgumentError(f"params must be a specd.SamplingParams, got {type(params).__name__}")
-        text, ids = self._tokenize(prompt)
+        text, ids = tokenized if tokenized is not None else self._tokenize(prompt)
         vocab = self.target.config.vocab_size
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise InvalidArgumentError(f"logit_bias has token id {max(params.logit_bias)}, outside the vocabulary "
@@ -374,7 +375,16 @@ class LLM:
                                        f"{req.params.max_tokens} needs {pages} KV pages; the pool has "
                                        f"{self.pool.blocks.num_pages} (raise kv_cache_memory)")
 
-    def _requests(self, prompts, params) -> list[Request]:
+    def _requests(self, prompts, params, what: Optional[str] = None) -> list[Request]:
+        """One request per prompt; ``what`` (the caller's name) refuses SamplingParams.n > 1."""
+        groups = self._request_groups(prompts, params)
+        if what is not None and any(len(g) > 1 for g in groups):
+            raise InvalidArgumentError(f"{what} takes SamplingParams.n = 1 (add each completion: "
+                                       "SamplingParams.completions()); LLM.generate takes any n")
+        return [g[0] for g in groups]
+
+    def _request_groups(self, prompts, params) -> list[list[Request]]:
+        """Per prompt, the requests of its SamplingParams.n completions (all validated first)."""
         if isinstance(prompts, np.ndarray):  # one prompt of ids (1-D), or one per row
             prompts = [prompts] if prompts.ndim == 1 else list(prompts)
         elif isinstance(prompts, str) or (prompts and isinstance(prompts[0], (int, np.integer))):
@@ -383,7 +393,17 @@ class LLM:
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise InvalidArgumentError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        return [self._make_request(p, sp) for p, sp in zip(prompts, params)]
+        groups = []
+        for p, sp in zip(prompts, params):
+            first = self._make_request(p, sp)
+            if not isinstance(sp, SamplingParams) or sp.n == 1:
+                groups.append([first])
+                continue
+            children = sp.completions()
+            first.params = children[0]
+            tokenized = (first.prompt, first.prompt_ids)
+            groups.append([first] + [self._make_request(p, c, tokenized) for c in children[1:]])
+        return groups
 
     def metrics(self) -> dict:
         """Engine-wide speculation telemetry since the LLM was made (see Engine.metrics), with
@@ -397,10 +417,16 @@ class LLM:
 
     def generate(self, prompts: Union[Prompt, Sequence[Prompt]],
                  params: Union[SamplingParams, Sequence[SamplingParams], None] = None) -> list[RequestOutput]:
-        """Generates for every prompt (batched); outputs in the order of the prompts."""
-        requests = self._requests(prompts, params)  # validates everything before starting
-        for req in requests:
-            self.engine.add(req)
+        """Generates for every prompt (batched); outputs in the order of the prompts, each with
+        its SamplingParams.n completions in ``outputs``. A prompt's completions after the first
+        wait, with prefix caching, until the first has computed the prompt, and adopt its KV
+        (the prompt is prefilled once)."""
+        groups = self._request_groups(prompts, params)  # validates everything before starting
+        requests = [r for g in groups for r in g]
+        for g in groups:
+            self.engine.add(g[0])
+            for req in g[1:]:
+                self.engine.add(req, follows=g[0])
         pending = {r.id for r in requests}  # not a scan of every request per step (large batches)
         try:
             while pending:
@@ -411,11 +437,11 @@ class LLM:
                 if not req.finished:
                     self.engine.abort(req)
             raise
-        return [r.output() for r in requests]
+        return [_merged(g) for g in groups]
 
     def stream(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> Iterator[StreamChunk]:
         """Generates for one prompt, yielding the new text and tokens after every step."""
-        req = self._requests(prompt, params)[0]
+        req = self._requests(prompt, params, "LLM.stream")[0]
         self.engine.add(req)
         try:
             while True:
@@ -432,13 +458,17 @@ class LLM:
 
     # ---- online serving (continuous batching driven by the caller) ----
 
-    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None) -> int:
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None,
+                    follows: Optional[int] = None) -> int:
         """Queues one request and returns its id; it joins the running batch at the next
         ``step()``. Requests may be added between any two steps. It is validated as in
-        ``generate`` (``InvalidArgumentError``; nothing is queued then)."""
-        req = self._requests(prompt, params)[0]
+        ``generate`` (``InvalidArgumentError``; nothing is queued then). ``follows``: the id
+        of an unfinished request of add_request with the same prompt (another completion of
+        it, e.g. SamplingParams.completions()): with prefix caching this one waits until that
+        one has computed the prompt, then adopts its KV instead of prefilling it again."""
+        req = self._requests(prompt, params, "LLM.add_request")[0]
         req.online = True  # step() reports it when the engine touches it (Engine.touched)
-        self.engine.add(req)
+        self.engine.add(req, follows=self._online.get(follows) if follows is not None else None)
         self._online[req.id] = req
         return req.id
 
@@ -493,6 +523,15 @@ class LLM:
     def has_unfinished_requests(self) -> bool:
         """Whether a request of ``add_request`` has not had its final chunk from ``step()`` yet."""
         return bool(self._online)
+
+
+def _merged(group: list[Request]) -> RequestOutput:
+    """A prompt's output: completion 0's fields, and every completion in ``outputs``."""
+    outs = [r.output() for r in group]
+    if len(outs) > 1:
+        outs[0].outputs = [CompletionOutput(i, o.text, o.token_ids, o.finish_reason, o.metrics, o.error, o.logprobs,
+                                            o.cumulative_logprob) for i, o in enumerate(outs)]
+    return outs[0]
 
 
 def _next_chunk(req: Request) -> Optional[StreamChunk]:

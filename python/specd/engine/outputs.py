@@ -68,6 +68,21 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One of a prompt's ``SamplingParams.n`` completions (vLLM's CompletionOutput): its index,
+    text, tokens, finish reason, error, logprobs and metrics, as RequestOutput's fields."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    metrics: RequestMetrics
+    error: Optional[str] = None
+    logprobs: Optional[list[TokenLogprobs]] = None
+    cumulative_logprob: Optional[float] = None
+
+
+@dataclass
 class RequestOutput:
     request_id: int
     prompt: Optional[str]
@@ -84,6 +99,14 @@ class RequestOutput:
     cumulative_logprob: Optional[float] = None
     # With SamplingParams.prompt_logprobs: per prompt token, as logprobs (the first: None).
     prompt_logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    # Every completion of the prompt (SamplingParams.n of them, in index order); the fields
+    # above (text, token_ids, finish_reason, metrics, error, logprobs) are completion 0's.
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.metrics,
+                                             self.error, self.logprobs, self.cumulative_logprob)]
 
     @property
     def num_cached_tokens(self) -> int:

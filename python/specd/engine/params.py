@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
@@ -11,6 +12,7 @@ from specd.errors import InvalidArgumentError
 
 METHODS = ("none", "ngram", "suffix", "draft")
 MAX_LOGPROBS = 20  # the most alternatives SamplingParams.logprobs may ask for (vLLM's default cap)
+MAX_N = 128  # the most completions one SamplingParams may ask for
 
 
 def _check(ok: bool, name: str, value, rule: str) -> None:
@@ -79,6 +81,10 @@ class SamplingParams:
     regex, a choice, a grammar): the target's rows are masked to the tokens the constraint
     allows, so greedy and sampled decoding, speculative or not, follow it (drafts it rules
     out are rejected).
+    n: completions per prompt (vLLM's n), each sampled independently, in
+    ``RequestOutput.outputs``; with a seed, completion i is seeded seed + i (so completion 0
+    is what n = 1 gives). ``LLM.generate`` takes any n; ``LLM.stream`` and ``add_request``
+    take n = 1 (add the completions one by one: ``SamplingParams.completions``).
     logprobs: None = none; n in [0, 20] = per generated token, its log-probability and the n
     most likely tokens' under the target's raw distribution (log-softmax of its logits,
     before temperature and the cuts; engine/logprobs.py has the rules), in
@@ -94,6 +100,7 @@ class SamplingParams:
     token's logit once / per occurrence.
     """
 
+    n: int = 1
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -113,6 +120,8 @@ class SamplingParams:
     structured_outputs: Optional[StructuredOutputsParams] = None
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N, "n", self.n,
+               f"an int in [1, {MAX_N}]")
         _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
                and self.temperature >= 0, "temperature", self.temperature, "a finite number >= 0")
         if self.top_k == -1:
@@ -153,6 +162,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    def completions(self) -> list["SamplingParams"]:
+        """The parameters of each of the n completions: n = 1, completion i seeded seed + i
+        (mod 2**64) when a seed is given."""
+        if self.n == 1:
+            return [self]
+        return [dataclasses.replace(self, n=1, seed=None if self.seed is None else (self.seed + i) % 2**64)
+                for i in range(self.n)]
 
     @property
     def processed(self) -> bool:

@@ -95,7 +95,7 @@ def make_app(engine: AsyncLLM, model_name: str, api_key: Optional[str] = None) -
         params = body.params(default_max_tokens=16)
         n = body.n or 1
         prompts = body.prompts()
-        streams = await _add_all(engine, [(p, c) for p in prompts for c in protocol.choice_params(params, n)])
+        streams = await _add_all(engine, [(p, c, j) for p in prompts for j, c in enumerate(protocol.choice_params(params, n))])
         rid, now = protocol.new_id("cmpl"), protocol.created()
         top = params.logprobs or 0
         def echoed(i: int, first_chunk, text: str, logprobs: Optional[dict]) -> tuple[str, Optional[dict]]:
@@ -160,7 +160,7 @@ def make_app(engine: AsyncLLM, model_name: str, api_key: Optional[str] = None) -
             prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
         except Exception as e:  # the template's own checks (e.g. roles must alternate)
             raise InvalidArgumentError(f"the chat template refused the messages: {type(e).__name__}: {e}") from None
-        streams = await _add_all(engine, [(prompt, c) for c in protocol.choice_params(params, body.n)])
+        streams = await _add_all(engine, [(prompt, c, j) for j, c in enumerate(protocol.choice_params(params, body.n))])
         rid, now = protocol.new_id("chatcmpl"), protocol.created()
         top = params.logprobs or 0
         if body.stream:
@@ -189,11 +189,18 @@ def make_app(engine: AsyncLLM, model_name: str, api_key: Optional[str] = None) -
 
 
 async def _add_all(engine: AsyncLLM, requests: list[tuple]) -> list[RequestStream]:
-    """Every (prompt, params)'s request, or none: a rejected one aborts those already added."""
+    """Every (prompt, params, choice index)'s request, or none: a rejected one aborts those
+    already added. A prompt's choices after the first follow its first (AsyncLLM.add's
+    ``follows``: the prompt is prefilled once)."""
     streams: list[RequestStream] = []
+    first = None
     try:
-        for prompt, params in requests:
-            streams.append(await engine.add(prompt, params))
+        for prompt, params, choice in requests:
+            if choice == 0:
+                first = None
+            stream = await engine.add(prompt, params, follows=first)
+            first = first or stream
+            streams.append(stream)
     except BaseException:
         for s in streams:
             await s.aclose()

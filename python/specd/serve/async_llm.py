@@ -42,12 +42,15 @@ class AsyncLLM:
 
     # ---- caller side (any thread / event loop) ----
 
-    async def add(self, prompt, params: SamplingParams) -> "RequestStream":
+    async def add(self, prompt, params: SamplingParams, follows: Optional["RequestStream"] = None) -> "RequestStream":
         """Queues a request; its chunks come from the returned stream. Raises the LLM's error
-        when it rejects the request (nothing is queued then)."""
+        when it rejects the request (nothing is queued then). ``follows``: the stream of a
+        request with the same prompt whose computed prompt this one may adopt
+        (LLM.add_request's ``follows``)."""
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue = asyncio.Queue()
-        rid, prompt_ids = await self._submit(lambda: self._add(prompt, params, loop, chunks))
+        leader = follows.request_id if follows is not None else None
+        rid, prompt_ids = await self._submit(lambda: self._add(prompt, params, loop, chunks, leader))
         return RequestStream(self, rid, prompt_ids, chunks)
 
     async def generate(self, prompt, params: SamplingParams) -> AsyncIterator[StreamChunk]:
@@ -89,8 +92,8 @@ class AsyncLLM:
 
     # ---- engine thread ----
 
-    def _add(self, prompt, params, loop, chunks) -> tuple[int, list[int]]:
-        rid = self.llm.add_request(prompt, params)
+    def _add(self, prompt, params, loop, chunks, follows: Optional[int] = None) -> tuple[int, list[int]]:
+        rid = self.llm.add_request(prompt, params, follows=follows)
         self._streams[rid] = (loop, chunks)
         return rid, self.llm.prompt_token_ids(rid)
 

@@ -43,12 +43,10 @@ MAX_N = 16  # completions per prompt at most
 
 
 def choice_params(params: SamplingParams, n: Optional[int]) -> list[SamplingParams]:
-    """The parameters of each of a prompt's ``n`` choices: with a seed, choice j gets seed + j
-    (distinct samples, reproducible); without, each request draws its own stream."""
-    n = n or 1
-    if params.seed is None or n == 1:
-        return [params] * n
-    return [dataclasses.replace(params, seed=(params.seed + j) % 2**64) for j in range(n)]
+    """The parameters of each of a prompt's ``n`` choices (SamplingParams.completions: with a
+    seed, choice j gets seed + j, distinct samples, reproducible; without, each request draws
+    its own stream)."""
+    return dataclasses.replace(params, n=n or 1).completions()
 
 
 class _Sampling(BaseModel):
