@@ -220,6 +220,17 @@ def test_n_choices_per_prompt(client, models):
         assert "".join(c["delta"]["content"] for c in mine) == r["choices"][i]["message"]["content"]
 
 
+def test_a_prompts_choices_share_its_prefill(client):
+    """Choices 1..n-1 of a prompt adopt the KV choice 0 computed (the prompt is prefilled
+    once): usage counts their whole 16-token blocks as cached, choice 0's none."""
+    prompt = "No other test sends this prompt; it is long enough for a few whole blocks of KV. " * 2
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4, "n": 3, "temperature": 1.0,
+                                            "seed": 1})
+    usage = r.json()["usage"]
+    each = usage["prompt_tokens"] // 3
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 2 * ((each - 1) // 16 * 16) > 0
+
+
 def test_penalties_and_seeds_reach_the_engine(client, plain):
     body = {"prompt": PROMPTS[1], "max_tokens": 12, "temperature": 0, "ignore_eos": True, "presence_penalty": 1.5,
             "frequency_penalty": 0.5, "repetition_penalty": 1.2, "logit_bias": {"15": 3.0}, "min_tokens": 4}
