@@ -1,7 +1,7 @@
 """What automatic prefix caching saves, and what it costs when nothing is shared: the same
 requests through an LLM with the cache and one without, in one run, cases interleaved.
 
-    python bench/prefix_cache.py [--target PATH [--draft PATH]] [--methods none,draft]
+    python bench/prefix_cache.py [--target PATH|default [--draft PATH]] [--methods none,draft]
                                  [--system 1024] [--question 32] [--requests 8] [--turns 6]
                                  [--max-tokens 16] [--reps 3] [--device cpu] [--dtype float32]
                                  [--hidden 512] [--layers 8] [--json PATH]
@@ -14,9 +14,10 @@ Workloads (SYNTHETIC token ids, random below 384; greedy, EOS ignored):
 - nothing shared: --requests distinct prompts of --system + --question tokens, submitted
   at once (the cache's cost without a hit: registering blocks, looking up in vain).
 
-Without --target the models are SYNTHETIC too: a random Llama of --layers 8 layers, --hidden
-512 (about 32M parameters, so prefill costs what it does) built in a temporary directory, and with
-method draft a 1-layer draft cut from it. Per workload, method and cache setting: median
+Without --target the models are SYNTHETIC too (bench_models.py): a random Llama of --layers 8
+layers, --hidden 512 (about 32M parameters, so prefill costs what it does) built in a
+temporary directory, and with method draft a 1-layer draft cut from it; ``--target default``
+takes the real pair. Per workload, method and cache setting: median
 over --reps of the time to first token (TTFT) and the latency per request, the whole
 workload's seconds, the target tokens prefilled and the cache's hit rate; the ratio of the
 cached run's time to the uncached one's. Each rep starts with an empty cache. Outputs with
@@ -35,20 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_models import add_model_args, resolve_models
+
 VOCAB_IDS = 384  # token ids drawn below this (the synthetic tokenizer's vocabulary)
-
-
-def _synthetic_models(root: Path, with_draft: bool, hidden: int, layers: int) -> tuple[Path, Path | None]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
-    from test_engine import self_draft
-    from tiny_models import make_tiny_model, make_tokenizer
-
-    tok = root / "tokenizer"
-    make_tokenizer(tok)
-    make_tiny_model(root / "target", "llama", vocab_size=8192, hidden_size=hidden, layers=layers, heads=8,
-                    kv_heads=2, intermediate=3 * hidden, tokenizer_dir=tok, seed=1, lm_head_scale=10.0,
-                    max_position_embeddings=8192)
-    return root / "target", (self_draft(root / "target", root / "draft") if with_draft else None)
 
 
 def _workloads(args, rng) -> dict[str, list[list[int]]]:
@@ -109,10 +99,7 @@ def _ms(value, width: int) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=None, help="a model directory or GGUF (default: a synthetic 32M Llama)")
-    p.add_argument("--draft", default=None)
-    p.add_argument("--hidden", type=int, default=512, help="synthetic target: hidden size (default 512)")
-    p.add_argument("--layers", type=int, default=8, help="synthetic target: layers (default 8)")
+    add_model_args(p)
     p.add_argument("--methods", default="none,draft", help="comma-separated: none, draft, ngram, suffix")
     p.add_argument("--system", type=int, default=1024, help="tokens of the shared system prompt")
     p.add_argument("--question", type=int, default=32, help="tokens of each question / chat message")
@@ -120,8 +107,6 @@ def main(argv=None) -> int:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -129,11 +114,7 @@ def main(argv=None) -> int:
 
     methods = [m for m in args.methods.split(",") if m]
     tmp = tempfile.TemporaryDirectory()
-    synthetic = args.target is None
-    if synthetic:
-        target, draft = _synthetic_models(Path(tmp.name), "draft" in methods, args.hidden, args.layers)
-    else:
-        target, draft = args.target, args.draft
+    target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
     if "draft" in methods and draft is None:
         print("prefix_cache.py: method draft needs --draft", file=sys.stderr)
         return 2

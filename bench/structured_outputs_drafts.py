@@ -3,6 +3,7 @@
 each speculative method with ``Engine.constrain_drafts`` on and off, next to plain decoding.
 
     python bench/structured_outputs_drafts.py [--target PATH|default [--draft PATH]]
+                                              [--hidden 512] [--layers 8]
                                               [--methods ngram,suffix,draft] [--k 4]
                                               [--max-tokens 64] [--reps 3] [--device cpu]
                                               [--dtype float32] [--json PATH]
@@ -12,9 +13,9 @@ object following a schema from a short text, write a date and time matching a re
 classify a review as one of a choice of labels. The requests of a task run as one batch.
 
 ``--target default`` takes the default real pair (Qwen2.5-Coder 1.5B / 0.5B, cached by
-``specd bench``; specd.hub.default_pair). Without --target the models are SYNTHETIC: a
-random Llama (8 layers, hidden 512) and a 1-layer draft cut from it; their outputs follow the
-grammar but mean nothing.
+``specd bench``; specd.hub.default_pair). Without --target the models are SYNTHETIC
+(bench_models.py: a random Llama, 8 layers of width 512, and a 1-layer draft cut from it);
+their outputs follow the grammar but mean nothing.
 
 Per task, method and setting: median over --reps of the seconds per task, the drafts
 verified, their acceptance and the tokens per target step, and the time relative to plain
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_models import add_model_args, resolve_models
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -66,18 +69,6 @@ def tasks(so_cls) -> dict:
     }
 
 
-def _synthetic_models(root: Path) -> tuple[Path, Path]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
-    from test_engine import self_draft
-    from tiny_models import make_tiny_model, make_tokenizer
-
-    tok = root / "tokenizer"
-    make_tokenizer(tok)
-    make_tiny_model(root / "target", "llama", vocab_size=8192, hidden_size=512, layers=8, heads=8, kv_heads=2,
-                    intermediate=1536, tokenizer_dir=tok, seed=1, lm_head_scale=10.0, max_position_embeddings=8192)
-    return root / "target", self_draft(root / "target", root / "draft")
-
-
 def _chat(tokenizer, text: str) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -100,14 +91,11 @@ def run(llm, prompts, params, constrain) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=None, help="a model directory or GGUF, or 'default' (the real pair)")
-    p.add_argument("--draft", default=None)
+    add_model_args(p)
     p.add_argument("--methods", default="ngram,suffix,draft", help="comma-separated: ngram, suffix, draft")
     p.add_argument("--k", type=int, default=4, help="drafts per step (static)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -115,13 +103,7 @@ def main(argv=None) -> int:
 
     methods = [m for m in args.methods.split(",") if m]
     tmp = tempfile.TemporaryDirectory()
-    synthetic = args.target is None
-    if synthetic:
-        target, draft = _synthetic_models(Path(tmp.name))
-    elif args.target == "default":
-        target, draft = specd.hub.default_pair(args.dtype)
-    else:
-        target, draft = args.target, args.draft
+    target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
     if "draft" in methods and draft is None:
         print("structured_outputs_drafts.py: method draft needs --draft", file=sys.stderr)
         return 2
