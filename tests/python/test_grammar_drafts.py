@@ -222,3 +222,33 @@ def test_an_identical_draft_is_accepted_under_a_grammar(tiny_llama_dir):
                 accepted += o.metrics.accepted_tokens
         rates[on] = accepted / drafted
     assert rates[True] >= 0.95 and rates[False] <= 0.3, rates
+
+
+def test_the_goodput_policy_probes_pruned_trees(tiny_llama_dir):
+    """The goodput policy sizes model-free trees from their node probabilities: a constrained
+    request's are its pruned tree's (one per node the grammar allows), and greedy outputs
+    still equal plain decoding's."""
+    llm = specd.LLM(tiny_llama_dir, None, specd.SpeculationConfig(method="ngram", num_speculative_tokens=4),
+                    policy="goodput")
+    engine = llm.engine
+    real, checked = engine.scheduler.probe, []
+
+    def probe(batch):
+        real(batch)
+        for s in batch:
+            probs = (s.node_probs or {}).get("ngram")
+            if probs is None or s.request.params.structured_outputs is None:
+                continue
+            out = engine.proposers["ngram"].propose([s.request.id], [s.k_max], [s.k_max])
+            tree = out.tree(0)
+            parents, tokens = list(tree.parents), list(tree.tokens)
+            valid = sum(walk(s.request.grammar, s.request.output_ids, path_of(parents, tokens, n)) != "no"
+                        for n in range(1, len(tokens)))
+            assert len(probs) == valid
+            checked.append(len(tokens) - 1 - valid)
+    engine.scheduler.probe = probe
+    for so in CONSTRAINTS.values():
+        params = specd.SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so)
+        want = specd.LLM(tiny_llama_dir).generate(PROMPTS, params)
+        assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in want]
+    assert checked and sum(checked) > 0, "no probe had a node to prune: the test checks nothing"

@@ -67,6 +67,9 @@ def test_add_request_follows(tiny_llama_dir):
     assert done[dropped].finish_reason == "abort"
     assert done[lead].metrics.cached_tokens == 0 and done[follower].metrics.cached_tokens == 96
     assert not llm.engine.has_work
+    short = llm.add_request(PROMPT[:12], params)  # no whole block to share: not held back
+    llm.add_request(PROMPT[:12], params, follows=short)
+    assert llm.engine._held == [] and llm.engine.scheduler.num_waiting == 2
 
 
 def test_bad_n_is_refused(tiny_llama_dir):

@@ -110,10 +110,12 @@ class Engine:
         """Queues a request. ``follows``: a request with the same prompt (another completion of
         it) whose KV this one may adopt: with prefix caching this one is held back until that
         one has computed all of the prompt but its last token (or has ended), then queued, so
-        it adopts the prompt's cached blocks instead of prefilling them again."""
+        it adopts the prompt's cached blocks instead of prefilling them again (not when the
+        prompt has no whole block to share: it would only wait)."""
         for p in self.proposers.values():
             p.add_request(request.id, request.prompt_ids)
         if (follows is not None and self.scheduler.prefix_caching and not request.wants_prompt_rows
+                and len(request.prompt_ids) - 1 >= self.pool.block_size(TARGET)
                 and follows.prompt_ids == request.prompt_ids):
             self._held.append((request, follows))
             return
@@ -282,7 +284,9 @@ class Engine:
             for i, s in enumerate(group):
                 if s.node_probs is None:
                     s.node_probs = {}
-                s.node_probs[method] = probs[offsets[i] + 1:offsets[i + 1]]
+                kept = self._grammar_kept(s.request, out, i)  # a constrained request: its pruned tree's
+                s.node_probs[method] = (probs[offsets[i] + 1:offsets[i + 1]] if kept is None
+                                        else probs[offsets[i] + kept[1:]])
 
     def _tree_sizer(self, items: list[WorkItem], group: list[WorkItem], prefix_tokens: int):
         """The policy's size_trees for the draft trees of ``group`` (None: the policy has none),
@@ -368,15 +372,26 @@ class Engine:
                                              [it.nodes for it in group])
         for i, it in enumerate(group):
             tree, kept = out.tree(i), None
-            if self.constrain_drafts and constrained(it.request) and tree.num_drafts:
-                matcher = self.processors.grammars.matcher(it.request)
-                pruned = prune_tree(matcher, tree) if matcher is not None else None
-                if pruned is not None:
-                    tree, kept = pruned
+            pruned = self._grammar_pruned(it.request, tree)
+            if pruned is not None:
+                tree, kept = pruned
             trees[it.request.id] = tree
             if self.scheduler.probe is not None:  # a policy that learns from node probabilities
                 self._tree_probs[it.request.id] = (out.expected_accepted(i) if kept is None else
                                                    float(out.node_probs[out.offsets[i] + kept[1:]].sum()))
+
+    def _grammar_pruned(self, request: Request, tree: TokenTree) -> Optional[tuple[TokenTree, np.ndarray]]:
+        """prune_tree of a constrained request's model-free tree (None: not constrained, or
+        nothing pruned)."""
+        if not (self.constrain_drafts and constrained(request) and tree.num_drafts):
+            return None
+        matcher = self.processors.grammars.matcher(request)
+        return prune_tree(matcher, tree) if matcher is not None else None
+
+    def _grammar_kept(self, request: Request, out, i: int) -> Optional[np.ndarray]:
+        """The nodes of proposal ``i`` of ``out`` that _grammar_pruned keeps (None: all)."""
+        pruned = self._grammar_pruned(request, out.tree(i)) if constrained(request) else None
+        return None if pruned is None else pruned[1]
 
     def _commit_prefill(self, it: WorkItem) -> None:
         req = it.request
