@@ -11,7 +11,7 @@ import torch
 import specd
 import xgrammar as xgr
 from specd.engine import engine as engine_module
-from specd.engine.grammar_drafts import DraftGrammar, prune_tree
+from specd.engine.grammar_drafts import DraftGrammar, forced_tokens, prune_tree, with_forced
 from specd.engine.structured_outputs import GrammarMasks
 
 SO = specd.StructuredOutputsParams
@@ -224,14 +224,15 @@ def test_an_identical_draft_is_accepted_under_a_grammar(tiny_llama_dir):
     assert rates[True] >= 0.95 and rates[False] <= 0.3, rates
 
 
-def test_the_goodput_policy_probes_pruned_trees(tiny_llama_dir):
+def test_the_goodput_policy_probes_constrained_trees(tiny_llama_dir):
     """The goodput policy sizes model-free trees from their node probabilities: a constrained
-    request's are its pruned tree's (one per node the grammar allows), and greedy outputs
-    still equal plain decoding's."""
+    request's are those of its tree as verified (the grammar's forced tokens, certain, then
+    the proposer's nodes the grammar allows), computed here from a fresh matcher; greedy
+    outputs still equal plain decoding's."""
     llm = specd.LLM(tiny_llama_dir, None, specd.SpeculationConfig(method="ngram", num_speculative_tokens=4),
                     policy="goodput")
     engine = llm.engine
-    real, checked = engine.scheduler.probe, []
+    real, checked = engine.scheduler.probe, {"pruned": 0, "forced": 0}
 
     def probe(batch):
         real(batch)
@@ -239,16 +240,79 @@ def test_the_goodput_policy_probes_pruned_trees(tiny_llama_dir):
             probs = (s.node_probs or {}).get("ngram")
             if probs is None or s.request.params.structured_outputs is None:
                 continue
-            out = engine.proposers["ngram"].propose([s.request.id], [s.k_max], [s.k_max])
-            tree = out.tree(0)
-            parents, tokens = list(tree.parents), list(tree.tokens)
-            valid = sum(walk(s.request.grammar, s.request.output_ids, path_of(parents, tokens, n)) != "no"
-                        for n in range(1, len(tokens)))
-            assert len(probs) == valid
-            checked.append(len(tokens) - 1 - valid)
+            tree = engine.proposers["ngram"].propose([s.request.id], [s.k_max], [s.k_max]).tree(0)
+            fresh = xgr.GrammarMatcher(s.request.grammar)
+            assert all(fresh.accept_token(t) for t in s.request.output_ids)
+            forced = forced_tokens(fresh, s.k_max)
+            pruned = prune_tree(fresh, tree)
+            base = tree if pruned is None else pruned[0]
+            merged, source = with_forced(base, forced, s.k_max)
+            assert len(probs) == len(merged) - 1 and int(np.sum(probs == 1.0)) >= len(forced)
+            checked["pruned"] += len(tree) - len(base)
+            checked["forced"] += len(forced)
     engine.scheduler.probe = probe
     for so in CONSTRAINTS.values():
         params = specd.SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so)
         want = specd.LLM(tiny_llama_dir).generate(PROMPTS, params)
         assert [o.token_ids for o in llm.generate(PROMPTS, params)] == [o.token_ids for o in want]
-    assert checked and sum(checked) > 0, "no probe had a node to prune: the test checks nothing"
+    assert checked["pruned"] > 0 and checked["forced"] > 0, checked
+
+
+def test_forced_tokens_spell_the_grammars_forced_continuation(llm):
+    """At the start of a JSON schema's output the grammar forces the text up to the first
+    field's value (xgrammar orders the fields); forced_tokens spells a prefix of it that a fresh matcher accepts, at most
+    ``limit`` tokens, and leaves the matcher where it was. An open choice forces nothing."""
+    grammar = llm._grammars.compile(SO(json=SCHEMA))
+    vocab = llm.target.config.vocab_size
+    matcher = xgr.GrammarMatcher(grammar)
+    text = matcher.find_jump_forward_string()
+    assert text.startswith('{"') and text.rstrip('"').endswith('": ') or text.endswith('":'), text
+    tokens = forced_tokens(matcher, 100)
+    assert tokens and text.startswith(llm.tokenizer.decode(tokens))
+    assert same_mask(matcher, grammar, [], vocab)
+    fresh = xgr.GrammarMatcher(grammar)
+    assert all(fresh.accept_token(t) for t in tokens)
+    assert forced_tokens(matcher, 2) == tokens[:2] and forced_tokens(matcher, 0) == []
+    assert forced_tokens(xgr.GrammarMatcher(llm._grammars.compile(SO(choice=["yes", "no"]))), 8) == []
+
+
+def test_with_forced_puts_the_chain_first_and_keeps_the_trees_paths():
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        parents, tokens = random_tree(rng, list(range(5)), 40, int(rng.integers(1, 12)))
+        tree = specd.TokenTree.from_parents(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32))
+        forced = rng.integers(0, 5, int(rng.integers(0, 5))).tolist()
+        budget = int(rng.integers(1, 16))
+        out, source = with_forced(tree, forced, budget)
+        got_parents, got_tokens = list(out.parents), list(out.tokens)
+        assert len(got_tokens) - 1 <= budget and len(source) == len(got_tokens) and source[0] == 0
+        chain = forced[:budget]
+        assert [path_of(got_parents, got_tokens, i) for i in range(1, len(chain) + 1)] == \
+               [chain[:i] for i in range(1, len(chain) + 1)]
+        assert all(s == -1 for s in source[1:len(chain) + 1])
+        paths = {tuple(path_of(got_parents, got_tokens, n)) for n in range(len(got_tokens))}
+        for n in range(1, len(got_tokens)):
+            if source[n] >= 0:
+                assert path_of(got_parents, got_tokens, n) == path_of(parents, tokens, int(source[n]))
+        if len(set(map(tuple, [path_of(parents, tokens, n) for n in range(1, len(tokens))])) | set(
+                tuple(chain[:i]) for i in range(1, len(chain) + 1))) <= budget:
+            # room for everything: every path of the tree is in the new one
+            assert all(tuple(path_of(parents, tokens, n)) in paths for n in range(len(tokens)))
+
+
+def test_a_forced_output_is_drafted_and_accepted(tiny_llama_dir):
+    """A one-string choice forces the whole output: with n-gram speculation (k = 4) the
+    forced tokens are drafted every step and accepted, so the output takes fewer steps than
+    without forced drafts; the output is the same."""
+    params = specd.SamplingParams(temperature=0.0, max_tokens=40,
+                                  structured_outputs=SO(choice=["maybe later, or never at all"]))
+    steps = {}
+    for on in (True, False):
+        llm = make_llm(tiny_llama_dir, None, "ngram")
+        llm.engine.constrain_drafts = on
+        out = llm.generate(["Well?"], params)[0]
+        assert out.text == "maybe later, or never at all" and out.finish_reason == "stop"
+        steps[on] = out.metrics.verify_steps
+        if on:
+            assert out.metrics.accepted_tokens >= 0.5 * out.metrics.draft_tokens > 0  # (other spellings exist)
+    assert steps[True] * 2 <= steps[False], steps

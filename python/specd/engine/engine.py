@@ -16,7 +16,7 @@ from specd import _core
 from specd.engine import model_runner
 from specd.engine.batch_verify import verify_inputs
 from specd.engine.draft_tree import DraftTree, run_draft_tree
-from specd.engine.grammar_drafts import DraftGrammar, constrained, prune_tree
+from specd.engine.grammar_drafts import DraftGrammar, constrained, forced_tokens, prune_tree, with_forced
 from specd.engine.logits_processors import LogitsProcessors
 from specd.engine.logprobs import TokenLogprobs
 from specd.engine.params import SpeculationConfig
@@ -284,9 +284,10 @@ class Engine:
             for i, s in enumerate(group):
                 if s.node_probs is None:
                     s.node_probs = {}
-                kept = self._grammar_kept(s.request, out, i)  # a constrained request: its pruned tree's
-                s.node_probs[method] = (probs[offsets[i] + 1:offsets[i + 1]] if kept is None
-                                        else probs[offsets[i] + kept[1:]])
+                # a constrained request: its tree as _propose_free makes it (forced drafts certain)
+                shaped = self._constrained_tree(s.request, out.tree(i), s.k_max, s.k_max)
+                s.node_probs[method] = (probs[offsets[i] + 1:offsets[i + 1]] if shaped is None
+                                        else _source_probs(probs, offsets[i], shaped[1]))
 
     def _tree_sizer(self, items: list[WorkItem], group: list[WorkItem], prefix_tokens: int):
         """The policy's size_trees for the draft trees of ``group`` (None: the policy has none),
@@ -371,27 +372,32 @@ class Engine:
         out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
                                              [it.nodes for it in group])
         for i, it in enumerate(group):
-            tree, kept = out.tree(i), None
-            pruned = self._grammar_pruned(it.request, tree)
-            if pruned is not None:
-                tree, kept = pruned
-            trees[it.request.id] = tree
+            tree = out.tree(i)
+            shaped = self._constrained_tree(it.request, tree, it.k, it.nodes)
+            trees[it.request.id] = tree if shaped is None else shaped[0]
             if self.scheduler.probe is not None:  # a policy that learns from node probabilities
-                self._tree_probs[it.request.id] = (out.expected_accepted(i) if kept is None else
-                                                   float(out.node_probs[out.offsets[i] + kept[1:]].sum()))
+                self._tree_probs[it.request.id] = (out.expected_accepted(i) if shaped is None else
+                                                   float(_source_probs(out.node_probs, out.offsets[i],
+                                                                       shaped[1]).sum()))
 
-    def _grammar_pruned(self, request: Request, tree: TokenTree) -> Optional[tuple[TokenTree, np.ndarray]]:
-        """prune_tree of a constrained request's model-free tree (None: not constrained, or
-        nothing pruned)."""
-        if not (self.constrain_drafts and constrained(request) and tree.num_drafts):
+    def _constrained_tree(self, request: Request, tree: TokenTree, k: int,
+                          nodes: int) -> Optional[tuple[TokenTree, np.ndarray]]:
+        """A constrained request's model-free tree (grammar_drafts.py): the grammar's forced
+        continuation (at most k tokens) as its first branch, then the proposer's nodes the
+        grammar allows, at most ``nodes`` drafts; and per node its index in ``tree`` (-1: a
+        forced token). None: not constrained, or nothing to change."""
+        if not (self.constrain_drafts and constrained(request)):
             return None
         matcher = self.processors.grammars.matcher(request)
-        return prune_tree(matcher, tree) if matcher is not None else None
-
-    def _grammar_kept(self, request: Request, out, i: int) -> Optional[np.ndarray]:
-        """The nodes of proposal ``i`` of ``out`` that _grammar_pruned keeps (None: all)."""
-        pruned = self._grammar_pruned(request, out.tree(i)) if constrained(request) else None
-        return None if pruned is None else pruned[1]
+        if matcher is None:
+            return None
+        forced = forced_tokens(matcher, min(k, nodes))
+        pruned = prune_tree(matcher, tree) if tree.num_drafts else None
+        if not forced:
+            return pruned
+        base, kept = pruned if pruned is not None else (tree, np.arange(len(tree), dtype=np.int64))
+        merged, source = with_forced(base, forced, nodes)
+        return merged, np.where(source >= 0, kept[np.maximum(source, 0)], -1)
 
     def _commit_prefill(self, it: WorkItem) -> None:
         req = it.request
@@ -528,6 +534,13 @@ class Engine:
                 if info.committed != req.computed[model] or info.reserved != 0 or info.num_pages != need:
                     raise AssertionError(f"request {req.id} model {model}: {info} but computed "
                                          f"{req.computed[model]} needs {need} pages")
+
+
+def _source_probs(node_probs: np.ndarray, offset: int, source: np.ndarray) -> np.ndarray:
+    """The drafts' node probabilities of a reshaped proposal (Engine._constrained_tree's
+    ``source``: each node's index in the proposal at ``offset``, -1 for a forced token: 1)."""
+    drafts = source[1:]
+    return np.where(drafts >= 0, node_probs[offset + np.maximum(drafts, 0)], 1.0).astype(np.float32)
 
 
 def _count_depths(counts: list[int], n: int) -> None:

@@ -5,6 +5,14 @@ engine/structured_outputs.py) and change no output; they save verify rows and ra
 acceptance. ``Engine.constrain_drafts = False`` turns both off (benchmarks compare).
 
 Rules
+- Model-free trees (n-gram, suffix) get the grammar's forced continuation as their first
+  branch (``forced_tokens``, ``with_forced``: xgrammar's jump-forward tokens, the longest
+  continuation every output the grammar allows shares, e.g. ``", "age": `` between two
+  fields of a JSON schema, up to the request's k tokens and its node budget; the proposer's
+  nodes follow, those already on that branch merged into it). The target's masked rows
+  leave such a token no alternative when the vocabulary spells the forced text one way
+  only, so it is accepted as jump-forward decoding would emit it; where other spellings
+  exist, verification decides as for any draft.
 - Model-free trees (n-gram, suffix) are pruned before verification (``prune_tree``): a node
   stays when the grammar accepts its path after the request's output (the matcher walks the
   tree depth first: accept, go on down, roll back on the way up); a node it refuses goes,
@@ -127,3 +135,49 @@ class DraftGrammar:
             if matcher is not None and accepted:
                 matcher.rollback(len(accepted))
         self._state.clear()
+
+
+def forced_tokens(matcher, limit: int) -> list[int]:
+    """Up to ``limit`` tokens of the continuation the grammar forces from the matcher's state
+    (xgrammar's jump-forward tokens: stop and special tokens excluded, a last token that a
+    longer token could extend left out), as far as the matcher accepts them; the matcher ends
+    where it started."""
+    if limit <= 0 or matcher.is_terminated():
+        return []
+    tokens = matcher.find_jump_forward_tokens()[:limit]
+    accepted = 0
+    for token in tokens:
+        if not matcher.accept_token(int(token)):
+            break
+        accepted += 1
+    if accepted:
+        matcher.rollback(accepted)
+    return [int(t) for t in tokens[:accepted]]
+
+
+def with_forced(tree: TokenTree, forced: Sequence[int], max_nodes: int) -> tuple[TokenTree, np.ndarray]:
+    """A tree whose first branch from ``tree``'s root is the ``forced`` chain, then ``tree``'s
+    drafts (parents first) while it has fewer than ``max_nodes`` drafts; a draft whose path the
+    new tree already holds is that node. Returns it and, per node, its index in ``tree``
+    (int64; -1 for the root's forced chain's nodes, which count as certain)."""
+    out = TokenTree(int(tree.tokens[0]))
+    source = [0]
+    at = 0
+    for token in forced[:max_nodes]:
+        at = out.add_node(at, int(token))
+        source.append(-1)
+    where = {0: 0}  # node of tree -> node of out
+    parents, tokens = tree.parents, tree.tokens
+    for node in range(1, len(parents)):
+        parent = where.get(int(parents[node]))
+        if parent is None:
+            continue  # its parent did not fit
+        token = int(tokens[node])
+        child = out.find_child(parent, token)
+        if child < 0:
+            if len(source) - 1 >= max_nodes:
+                continue
+            child = out.add_node(parent, token)
+            source.append(node)
+        where[node] = child
+    return out, np.asarray(source, dtype=np.int64)
