@@ -78,8 +78,9 @@ class Engine:
         # only the rows of visited nodes are planned, none is written). False: every node's
         # probability row is written by sampling_probs first (the same results).
         self.verify_from_logits = True
-        # Requests with structured outputs: model-free trees pruned to what the grammar allows,
-        # draft-model rows masked by it (grammar_drafts.py). False: both off (same outputs).
+        # Requests with structured outputs (grammar_drafts.py): model-free trees led by the
+        # grammar's forced tokens and pruned to what it allows, draft-model rows masked by it.
+        # False: all off (the same outputs).
         self.constrain_drafts = True
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
@@ -368,7 +369,7 @@ class Engine:
 
     def _propose_free(self, method: str, group: list[WorkItem], trees: dict[int, TokenTree]) -> None:
         """A model-free proposer's trees for ``group``, into ``trees``; a constrained request's
-        pruned to what its grammar allows (grammar_drafts.prune_tree)."""
+        reshaped by its grammar (_constrained_tree)."""
         out = self.proposers[method].propose([it.request.id for it in group], [it.k for it in group],
                                              [it.nodes for it in group])
         for i, it in enumerate(group):
