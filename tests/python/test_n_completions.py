@@ -84,3 +84,30 @@ def test_bad_n_is_refused(tiny_llama_dir):
     assert not llm.engine.has_work
     seeded = specd.SamplingParams(n=3, seed=2**64 - 2).completions()
     assert [p.seed for p in seeded] == [2**64 - 2, 2**64 - 1, 0] and all(p.n == 1 for p in seeded)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_completions_under_memory_pressure(tiny_llama_dir, tiny_llama_draft_dir, method):
+    """Several prompts with n = 3 (sampled, seeded; greedy; a penalty) in a pool too small for
+    the batch: leaders and followers are preempted and re-admitted, followers adopt what is
+    cached; every completion equals the one a roomy pool without prefix caching gives, and
+    the pool ends empty."""
+    prompts = [PROMPT, PROMPT[5:90], [7] * 40 + PROMPT[:30], PROMPT[:20]]
+    params = [specd.SamplingParams(n=3, temperature=0.9, seed=11, max_tokens=20, ignore_eos=True),
+              specd.SamplingParams(n=3, temperature=0.0, max_tokens=16, ignore_eos=True),
+              specd.SamplingParams(n=3, temperature=0.7, seed=5, max_tokens=18, presence_penalty=0.5,
+                                   ignore_eos=True),
+              specd.SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=12, ignore_eos=True)]
+    draft = tiny_llama_draft_dir if method == "draft" else None
+    want = make_llm(tiny_llama_dir, draft, method, enable_prefix_caching=False).generate(prompts, params)
+    probe = make_llm(tiny_llama_dir, draft, method)
+    one = sum(probe.pool.blocks.pages_for_tokens(len(PROMPT) + 20 + 4, model=m) for m in range(len(probe.pool.models)))
+    llm = make_llm(tiny_llama_dir, draft, method, num_kv_pages=one + 1)
+    got = llm.generate(prompts, params)
+    for g, w in zip(got, want):
+        assert [c.token_ids for c in g.outputs] == [c.token_ids for c in w.outputs]
+    completions = [c for g in got for c in g.outputs]
+    assert sum(c.metrics.preemptions for c in completions) > 0, "the pool was not small enough to preempt"
+    assert sum(c.metrics.cached_tokens for c in completions) > 0
+    llm.pool.blocks.check_invariants()
+    assert llm.pool.blocks.num_free_pages == llm.pool.blocks.num_pages and not llm.engine.has_work
