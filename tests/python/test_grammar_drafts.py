@@ -208,13 +208,14 @@ def test_every_verified_draft_follows_the_grammar(tiny_llama_dir, tiny_llama_dra
 
 
 def test_an_identical_draft_is_accepted_under_a_grammar(tiny_llama_dir):
-    """The target as its own draft (greedy chains): its masked rows propose what the target's
-    masked rows pick, so (nearly) every draft is accepted; unmasked, it proposes what the
-    grammar forbids."""
+    """The target as its own draft (greedy chains, forced tokens off): its masked rows
+    propose what the target's masked rows pick, so (nearly) every draft is accepted;
+    unmasked, it proposes what the grammar forbids."""
     rates = {}
     for on in (True, False):
         llm = specd.LLM(tiny_llama_dir, tiny_llama_dir, specd.SpeculationConfig(method="draft", num_speculative_tokens=4))
         llm.engine.constrain_drafts = on
+        llm.engine.forced_drafts = False
         drafted = accepted = 0
         for so in CONSTRAINTS.values():
             for o in llm.generate(PROMPTS, specd.SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so)):
@@ -316,3 +317,76 @@ def test_a_forced_output_is_drafted_and_accepted(tiny_llama_dir):
         if on:
             assert out.metrics.accepted_tokens >= 0.5 * out.metrics.draft_tokens > 0  # (other spellings exist)
     assert steps[True] * 2 <= steps[False], steps
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_chains_start_with_the_forced_tokens(tiny_llama_dir, tiny_llama_draft_dir, monkeypatch, temperature):
+    """A constrained request's draft-model chain starts with the tokens its grammar forces (up
+    to k), fed in the draft's first forward: fewer draft forwards for the same outputs as
+    with forced tokens off (greedy, and seeded sampling, whose forced drafts carry one-hot
+    draft distributions), and the draft's KV stays consistent (check_kv after every step)."""
+    params = specd.SamplingParams(temperature=temperature, seed=4, max_tokens=40, structured_outputs=SO(json=SCHEMA))
+    real_step = engine_module.Engine.step
+
+    def checked_step(self):
+        out = real_step(self)
+        self.check_kv()
+        return out
+    monkeypatch.setattr(engine_module.Engine, "step", checked_step)
+    seen = recording(monkeypatch)
+    runs = {}
+    for forced in (True, False):
+        llm = make_llm(tiny_llama_dir, tiny_llama_draft_dir, "draft")
+        llm.engine.forced_drafts = forced
+        seen.clear()
+        outs = llm.generate(PROMPTS, params)
+        leading = 0  # drafts of verified chains that equal the grammar's forced tokens from their root
+        for grammar, output, parents, tokens in seen:
+            fresh = xgr.GrammarMatcher(grammar)
+            assert all(fresh.accept_token(t) for t in output)
+            want = fresh.find_jump_forward_tokens()[:len(tokens) - 1] if not fresh.is_terminated() else []
+            leading += len(want) if tokens[1:1 + len(want)] == want else 0
+        runs[forced] = ([o.token_ids for o in outs], llm.engine.timings.draft_forwards, leading)
+    if temperature == 0.0:
+        assert runs[True][0] == runs[False][0]
+    assert runs[True][1] < runs[False][1], runs
+    assert runs[True][2] > 0
+
+
+def test_sampled_chains_with_forced_tokens_draw_the_constrained_distribution(tiny_llama_dir, tiny_llama_draft_dir,
+                                                                            monkeypatch):
+    """Choices that share long forced stretches (" return " after "a"), sampled at
+    temperature 1.5 with draft-model chains that start with forced tokens
+    (one-hot draft distributions): 600 draws against 600 of plain decoding, a two-sample
+    chi-square test over the token sequences (the vocabulary spells a choice several ways:
+    which spelling comes is part of the distribution); forced tokens were drafted."""
+    from scipy import stats
+
+    # (spelt in several ways by the tiny vocabulary: " return", " re" + "turn", " self", "sel" ...)
+    so = SO(choice=["a return self.line", "a return None", "hunks", "a return self"])
+    seen = recording(monkeypatch)
+    counts = {}
+    for method in ("none", "draft"):
+        llm = make_llm(tiny_llama_dir, tiny_llama_draft_dir, method, k=3) if method == "draft" else \
+            specd.LLM(tiny_llama_dir)
+        params = [specd.SamplingParams(temperature=1.5, max_tokens=24, seed=1000 * (method == "draft") + i,
+                                       structured_outputs=so) for i in range(600)]
+        seen.clear()
+        outs = llm.generate(["Pick:"] * 600, params)
+        assert all(o.text in so.choice for o in outs)
+        counts[method] = [tuple(o.token_ids) for o in outs]  # spellings count: token sequences, not texts
+    forced = 0
+    for grammar, output, parents, tokens in seen:
+        fresh = xgr.GrammarMatcher(grammar)
+        assert all(fresh.accept_token(t) for t in output)
+        want = fresh.find_jump_forward_tokens()[:len(tokens) - 1] if not fresh.is_terminated() else []
+        forced += bool(want) and tokens[1:1 + len(want)] == want
+    assert forced > 100, f"forced tokens were drafted in {forced} verify steps only"
+    kinds = sorted(set(counts["none"]) | set(counts["draft"]))
+    table = np.array([[c.count(kind) for kind in kinds] for c in (counts["none"], counts["draft"])])
+    common = table.sum(0) >= 10  # sequences seen 10 times or more; the rest pooled
+    table = np.concatenate([table[:, common], table[:, ~common].sum(1, keepdims=True)], axis=1)
+    table = table[:, table.sum(0) > 0]
+    assert table.shape[1] >= 3, f"a degenerate distribution: {table}"
+    _, p, _, _ = stats.chi2_contingency(table)
+    assert p > 1e-3, f"speculative draws differ from plain ones: {table} (p = {p:.2g})"

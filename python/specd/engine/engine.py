@@ -80,8 +80,9 @@ class Engine:
         self.verify_from_logits = True
         # Requests with structured outputs (grammar_drafts.py): model-free trees led by the
         # grammar's forced tokens and pruned to what it allows, draft-model rows masked by it.
-        # False: all off (the same outputs).
+        # False: all off (the same outputs). forced_drafts = False: no forced tokens (the rest on).
         self.constrain_drafts = True
+        self.forced_drafts = True
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
@@ -316,7 +317,7 @@ class Engine:
                 by_method.setdefault(it.method, []).append(it)
         for method, group in by_method.items():
             if method == "draft":
-                grammar = (DraftGrammar(self.processors.grammars)
+                grammar = (DraftGrammar(self.processors.grammars, forced=self.forced_drafts)
                            if self.constrain_drafts and any(constrained(it.request) for it in group) else None)
                 try:
                     on_device = self._propose_draft(items, group, trees, dists, prefix_tokens,
@@ -392,7 +393,7 @@ class Engine:
         matcher = self.processors.grammars.matcher(request)
         if matcher is None:
             return None
-        forced = forced_tokens(matcher, min(k, nodes))
+        forced = forced_tokens(matcher, min(k, nodes)) if self.forced_drafts else []
         pruned = prune_tree(matcher, tree) if tree.num_drafts else None
         if not forced:
             return pruned

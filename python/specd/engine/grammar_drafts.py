@@ -2,7 +2,8 @@
 never verified, and the draft model proposes only tokens the grammar allows. Both are
 optional for correctness (a ruled-out draft is rejected by its parent's masked target row,
 engine/structured_outputs.py) and change no output; they save verify rows and raise
-acceptance. ``Engine.constrain_drafts = False`` turns both off (benchmarks compare).
+acceptance. ``Engine.constrain_drafts = False`` turns all of it off, ``Engine.forced_drafts
+= False`` the forced tokens alone (benchmarks compare).
 
 Rules
 - Model-free trees (n-gram, suffix) get the grammar's forced continuation as their first
@@ -27,6 +28,13 @@ Rules
   lossless; tree candidates are ranked on masked rows. Where the grammar has ended the row
   is not masked. A path the matcher refuses (only after a row the draft could not sample:
   token 0 of an all -inf row) leaves its row unmasked; verification rejects there anyway.
+- A draft-model chain of a constrained request starts with the tokens the grammar forces
+  (``DraftGrammar.forced``, at most k): the draft's first forward feeds them after its
+  catch-up, in the slots drafts 1.. would take, so the draft writes the same K/V as when it
+  drafts them one by one, and they are certain proposals (one-hot draft distributions: a
+  forced token is accepted with the target's probability of it, which its mask makes 1
+  where the vocabulary spells the text one way only). The draft model proposes the rest.
+  Draft trees (draft_tree_width > 1) do not take forced tokens.
 - A draft-model call with a constrained request runs its loop here, on the host (no draft
   graph runner): the matcher needs each forward's sampled tokens of constrained requests
   (one read per forward; the matcher is host code).
@@ -84,8 +92,9 @@ class DraftGrammar:
     """Masks the draft model's rows of constrained requests during one draft call (module
     rules); ``close`` when the call ends."""
 
-    def __init__(self, masks: GrammarMasks):
+    def __init__(self, masks: GrammarMasks, forced: bool = True):
         self._masks = masks
+        self._forced = forced  # False: ``forced`` gives nothing (Engine.forced_drafts)
         # request id -> (its matcher, the path tokens it has accepted past the output; None:
         # it refused the output, no row of the request is masked)
         self._state: dict[int, tuple[object, list[int]]] = {}
@@ -105,6 +114,14 @@ class DraftGrammar:
             masked.append(row)
         if masked:
             mask_rows(logits, np.array(masked, dtype=np.int64), bitmask, vocab)
+
+    def forced(self, req: Request, limit: int) -> list[int]:
+        """forced_tokens after the request's output (none when its matcher refused it, or with
+        forced tokens off)."""
+        if not self._forced:
+            return []
+        matcher = self._seek(req, ())
+        return forced_tokens(matcher, limit) if matcher is not None else []
 
     def _seek(self, req: Request, path: Sequence[int]):
         """The request's matcher having accepted its output and then ``path``; None when it

@@ -14,7 +14,7 @@ synchronisation (issue 7 captures it in CUDA graphs).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -270,14 +270,16 @@ def run_target(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     return forward(model, pool, TARGET, segments)
 
 
-def catch_up_segment(item: WorkItem) -> Segment:
-    """Draft forward 0 of an item: the tokens [computed_d, L) the draft has not seen, ending
-    with the last one (whose logits give the first draft)."""
+def catch_up_segment(item: WorkItem, forced: Sequence[int] = ()) -> Segment:
+    """Draft forward 0 of an item: the tokens [computed_d, L) the draft has not seen, then the
+    ``forced`` drafts (fed as drafts 1.. would be, in their slots), ending with the last one
+    (whose logits give the next draft)."""
     req = item.request
     start = req.computed[DRAFT]
-    return Segment(req.id, torch.tensor(req.tokens[start:], dtype=torch.int64),
-                   torch.arange(start, req.length, dtype=torch.int64), item.draft_slots[:item.draft_catch_up],
-                   req.length, None, logits_from=req.length - start - 1)
+    end = req.length + len(forced)
+    return Segment(req.id, torch.tensor(req.tokens[start:] + list(forced), dtype=torch.int64),
+                   torch.arange(start, end, dtype=torch.int64), item.draft_slots[:item.draft_catch_up + len(forced)],
+                   end, None, logits_from=end - start - 1)
 
 
 def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
@@ -298,64 +300,91 @@ def run_draft(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
     1..k-1. Batches the runner does not accept (another model or pool, k or batch size past
     its buffers) run the plain loop.
 
-    ``grammar``: a grammar_drafts.DraftGrammar that masks the rows of requests with
-    structured outputs to what their grammar allows after the drafts sampled so far (read on
-    the host after each forward); a call with such a request runs the plain loop."""
+    ``grammar``: a grammar_drafts.DraftGrammar for requests with structured outputs. Their
+    chains start with the tokens their grammar forces (DraftGrammar.forced, at most k): forward
+    0 feeds them after the catch-up, as drafts 1.. would be fed, and each is a certain
+    proposal (a one-hot draft distribution); the draft model proposes the rest, its rows
+    masked to what the grammar allows after the drafts so far (read on the host after each
+    forward). A call with such a request runs the plain loop."""
     device = model.device
     steps = max(it.k for it in items)
     paths = {i: [] for i, it in enumerate(items) if it.request.params.structured_outputs is not None} \
         if grammar is not None else {}
+    forced = {i: grammar.forced(items[i].request, items[i].k) for i in paths}
+    m = [len(forced.get(i, ())) for i in range(len(items))]  # forced drafts per item
     if paths:
         graph = None
+        for i, f in forced.items():
+            paths[i].extend(f)
     whole = run_draft_on_device(model, pool, items, on_forward, graph)
     if whole is not None:  # all k forwards in the runner, forward 0 too
         drafts, dists = whole
         return drafts.to_host(), dists  # the one host sync, after the loop
     if graph is not None and (graph.model is not model or graph.pool is not pool or not graph.accepts(items)):
         graph = None
-    sampled: list[list[torch.Tensor]] = [[] for _ in items]
+    # Item i's drafts: m[i] forced ones, then one drawn per forward j < k - m[i]; forward 0
+    # runs for every item (its catch-up), the others for those still drawing.
+    sampled: list[list[torch.Tensor]] = [[torch.tensor(t, dtype=torch.int64, device=device) for t in forced.get(i, ())]
+                                         for i in range(len(items))]
     dists: list[list[torch.Tensor]] = [[] for _ in items]
     for j in range(1 if graph is not None else steps):
-        active = [i for i, it in enumerate(items) if it.k > j]
+        active = [i for i, it in enumerate(items) if j == 0 or it.k - m[i] > j]
+        if not active:
+            break
         segments = []
         for i in active:
             it, req = items[i], items[i].request
-            if j == 0:  # catch up on the tokens the draft has not seen, ending with the last one
-                segments.append(catch_up_segment(it))
+            if j == 0:  # catch up on the tokens the draft has not seen (and the forced drafts)
+                segments.append(catch_up_segment(it, forced[i][:it.k - 1] if m[i] else ()))
                 continue
-            positions = torch.tensor([req.length - 1 + j], dtype=torch.int64)
-            slots = it.draft_slots[it.draft_catch_up + j - 1:it.draft_catch_up + j]
-            segments.append(Segment(req.id, sampled[i][j - 1].reshape(1), positions, slots, req.length + j, None,
+            pos = req.length - 1 + m[i] + j  # the position of the token fed
+            positions = torch.tensor([pos], dtype=torch.int64)
+            slots = it.draft_slots[it.draft_catch_up + m[i] + j - 1:it.draft_catch_up + m[i] + j]
+            segments.append(Segment(req.id, sampled[i][m[i] + j - 1].reshape(1), positions, slots, pos + 1, None,
                                     logits_from=0))
         tokens = sum(len(seg.input_ids) for seg in segments)
         run = lambda: forward(model, pool, DRAFT, segments)  # noqa: E731
         logits = on_forward(tokens, run, segment_keys(segments)) if on_forward is not None else run()
+        drawing = [(row, i) for row, i in enumerate(active) if items[i].k - m[i] > j]
         if paths:
-            grammar.mask(logits, [(row, items[i].request, paths[i]) for row, i in enumerate(active) if i in paths])
-        greedy = row_argmax(logits) if any(items[i].request.params.greedy for i in active) else None
-        rows = [row for row, i in enumerate(active) if not items[i].request.params.greedy]
-        if rows:  # one kernel call for the sampled rows; key (seed, request, DRAFT_STREAM, req.length + j)
-            reqs = [items[active[row]].request for row in rows]
-            params, keys = pack_draft_rows([r.params for r in reqs], [r.rng_seed for r in reqs],
-                                           [r.rng_request for r in reqs], [r.length + j for r in reqs], device)
+            grammar.mask(logits, [(row, items[i].request, paths[i]) for row, i in drawing if i in paths])
+        greedy = row_argmax(logits) if any(items[i].request.params.greedy for _, i in drawing) else None
+        rows = [row for row, i in drawing if not items[i].request.params.greedy]
+        if rows:  # one kernel call for the sampled rows; key (seed, request, DRAFT_STREAM, position drawn)
+            reqs = [(items[active[row]].request, m[active[row]]) for row in rows]
+            params, keys = pack_draft_rows([r.params for r, _ in reqs], [r.rng_seed for r, _ in reqs],
+                                           [r.rng_request for r, _ in reqs], [r.length + f + j for r, f in reqs],
+                                           device)
             index = to_device(torch.tensor(rows, dtype=torch.int64), device)
             kernels = kernels_of(model)
             drawn, probs = sample_draft_rows(logits.index_select(0, index), params, keys,
                                              cluster=kernels.cluster_rows, gumbel=kernels.draw == "gumbel")
         at = {row: n for n, row in enumerate(rows)}
-        for row, i in enumerate(active):
+        for row, i in drawing:
             if items[i].request.params.greedy:
                 sampled[i].append(greedy[row])
                 continue
             sampled[i].append(drawn[at[row]])
             dists[i].append(probs[at[row]])
-        for i in paths:
-            if items[i].k > j + 1:  # the next forward's row continues this path
-                paths[i].append(int(sampled[i][j]))
+        for _, i in drawing:
+            if i in paths and items[i].k > m[i] + j + 1:  # the next forward's row continues this path
+                paths[i].append(int(sampled[i][m[i] + j]))
+        if j == 0 and any(m):
+            vocab = logits.shape[-1]
+            for i, f in forced.items():  # the forced drafts' one-hot distributions first
+                if f and not items[i].request.params.greedy:
+                    dists[i][:0] = [_one_hot(t, vocab, device) for t in f]
     if graph is not None:
         return _finish_with_graph(graph, items, sampled, dists, on_forward)
     drafts = [torch.stack(s).tolist() for s in sampled]  # the one host sync, after the loop
     return drafts, [torch.stack(d) if d else None for d in dists]
+
+
+def _one_hot(token: int, vocab: int, device: torch.device) -> torch.Tensor:
+    """float32 ``[vocab]``: a certain proposal's draft distribution."""
+    row = torch.zeros(vocab, dtype=torch.float32, device=device)
+    row[token] = 1.0
+    return row
 
 
 def run_draft_on_device(model: LlamaModel, pool: KVCachePool, items: list[WorkItem],
