@@ -1,6 +1,8 @@
 """What constraining the drafts by the grammar buys under structured outputs
-(engine/grammar_drafts.py: n-gram/suffix trees pruned, draft-model rows masked), in one run:
-each speculative method with ``Engine.constrain_drafts`` on and off, next to plain decoding.
+(engine/grammar_drafts.py: forced tokens drafted, n-gram/suffix trees pruned, draft-model rows
+masked), in one run: each speculative method with its drafts "constrained" (all of it),
+"unforced" (``Engine.forced_drafts = False``: no forced tokens) and "free"
+(``Engine.constrain_drafts = False``), next to plain decoding.
 
     python bench/structured_outputs_drafts.py [--target PATH|default [--draft PATH]]
                                               [--hidden 512] [--layers 8]
@@ -19,7 +21,7 @@ their outputs follow the grammar but mean nothing.
 
 Per task, method and setting: median over --reps of the seconds per task, the drafts
 verified, their acceptance and the tokens per target step, and the time relative to plain
-decoding and to the same method unconstrained. Each run starts from a fresh engine
+decoding and to the same method with free drafts. Each run starts from a fresh engine
 (``LLM.reset``: no prefix or suffix cache carried over). Every output is checked equal to
 plain decoding's token for token (exit status 1 otherwise).
 """
@@ -76,10 +78,14 @@ def _chat(tokenizer, text: str) -> str:
     return text + "\n"
 
 
-def run(llm, prompts, params, constrain) -> dict:
+SETTINGS = ("constrained", "unforced", "free")  # all on; no forced tokens; all off
+
+
+def run(llm, prompts, params, setting) -> dict:
     llm.reset()
-    if constrain is not None:
-        llm.engine.constrain_drafts = constrain
+    if setting is not None:
+        llm.engine.constrain_drafts = setting != "free"
+        llm.engine.forced_drafts = setting == "constrained"
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t0
@@ -117,7 +123,7 @@ def main(argv=None) -> int:
         if method not in llms:  # the same weights
             llms[method] = specd.LLM.from_models(base.target, base.draft if method == "draft" else None, spec(method),
                                                  tokenizer=base.tokenizer, device=args.device)
-    cases = [("none", None)] + [(m, on) for m in methods for on in (True, False)]
+    cases = [("none", None)] + [(m, setting) for m in methods for setting in SETTINGS]
     work = {name: (so, [_chat(base.tokenizer, t) for t in texts])
             for name, (so, texts) in tasks(specd.StructuredOutputsParams).items()}
     for llm in llms.values():  # untimed warm-up
@@ -126,38 +132,38 @@ def main(argv=None) -> int:
     for _ in range(args.reps):  # interleaved: every case once per rep
         for name, (so, prompts) in work.items():
             params = specd.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, structured_outputs=so)
-            for method, on in cases:
-                runs.setdefault((name, method, on), []).append(run(llms[method], prompts, params, on))
+            for method, setting in cases:
+                runs.setdefault((name, method, setting), []).append(run(llms[method], prompts, params, setting))
 
     what = "SYNTHETIC random models" if synthetic else f"{Path(target).name} / {Path(draft).name if draft else '-'}"
-    print(f"structured outputs, constrained vs unconstrained drafts: {what}; device {args.device}, {args.dtype}; "
+    print(f"structured outputs, constrained vs free drafts: {what}; device {args.device}, {args.dtype}; "
           f"k = {args.k}, up to {args.max_tokens} tokens, {len(PEOPLE)} requests per task as one batch; "
           f"median of {args.reps} reps")
     print(f"{'task':12} {'method':7} {'drafts':12} {'s':>7} {'verified':>9} {'accept':>7} {'tok/step':>9} "
-          f"{'vs plain':>9} {'vs uncon.':>10}")
+          f"{'vs plain':>9} {'vs free':>10}")
     rows, same = [], True
     for name in work:
         plain = runs[(name, "none", None)]
         plain_s = statistics.median(r["seconds"] for r in plain)
-        for method, on in cases:
-            rs = runs[(name, method, on)]
+        for method, setting in cases:
+            rs = runs[(name, method, setting)]
             seconds = statistics.median(r["seconds"] for r in rs)
-            off = runs.get((name, method, False))
+            off = runs.get((name, method, "free"))
             off_s = statistics.median(r["seconds"] for r in off) if off else None
             equal = all(r["outputs"] == plain[0]["outputs"] for r in rs)
             same &= equal
             r0 = rs[0]
-            row = {"task": name, "method": method, "constrained": on, "seconds": seconds,
+            row = {"task": name, "method": method, "drafts": setting, "seconds": seconds,
                    "drafted": r0["drafted"], "accepted": r0["accepted"],
                    "acceptance": r0["accepted"] / r0["drafted"] if r0["drafted"] else None,
                    "tokens_per_step": r0["generated"] / r0["steps"] if r0["steps"] else None,
-                   "vs_plain": seconds / plain_s, "vs_unconstrained": seconds / off_s if off_s else None,
+                   "vs_plain": seconds / plain_s, "vs_free": seconds / off_s if off_s else None,
                    "same_output": equal, "texts": r0["texts"]}
             rows.append(row)
-            drafts = "-" if on is None else ("constrained" if on else "free")
+            drafts = setting or "-"
             acc = f"{row['acceptance']:.2f}" if row["acceptance"] is not None else "-"
             tps = f"{row['tokens_per_step']:.2f}" if row["tokens_per_step"] is not None else "-"
-            vs = f"{row['vs_unconstrained']:.2f}x" if row["vs_unconstrained"] is not None else "-"
+            vs = f"{row['vs_free']:.2f}x" if row['vs_free'] is not None else "-"
             print(f"{name:12} {method:7} {drafts:12} {seconds:7.2f} {row['drafted']:9d} {acc:>7} {tps:>9} "
                   f"{row['vs_plain']:8.2f}x {vs:>10}")
     print("outputs equal plain decoding's: " + ("yes" if same else "NO"))
