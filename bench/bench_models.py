@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -51,3 +52,16 @@ def resolve_models(args, root: Path, with_draft: bool) -> tuple[Path, Optional[P
         target, draft = hub.default_pair(args.dtype, with_draft=with_draft)
         return target, draft, False
     return args.target, args.draft, False
+
+
+def models_for(args, methods: list[str], script: str):
+    """(a temporary directory to clean up, target, draft, synthetic) for a script whose
+    ``methods`` may include "draft"; None, after saying why on stderr, when "draft" has no
+    draft model."""
+    tmp = tempfile.TemporaryDirectory()
+    target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
+    if "draft" in methods and draft is None:
+        print(f"{script}: method draft needs --draft", file=sys.stderr)
+        tmp.cleanup()
+        return None
+    return tmp, target, draft, synthetic

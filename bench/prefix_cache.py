@@ -30,13 +30,12 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench_models import add_model_args, resolve_models
+from bench_models import add_model_args, models_for
 
 VOCAB_IDS = 384  # token ids drawn below this (the synthetic tokenizer's vocabulary)
 
@@ -113,11 +112,10 @@ def main(argv=None) -> int:
     import specd
 
     methods = [m for m in args.methods.split(",") if m]
-    tmp = tempfile.TemporaryDirectory()
-    target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
-    if "draft" in methods and draft is None:
-        print("prefix_cache.py: method draft needs --draft", file=sys.stderr)
+    models = models_for(args, methods, "prefix_cache.py")
+    if models is None:
         return 2
+    tmp, target, draft, synthetic = models
     params = specd.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     need = args.system + args.question + args.turns * (args.question + args.max_tokens) + 64
     llms = {}

@@ -32,11 +32,10 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench_models import add_model_args, resolve_models
+from bench_models import add_model_args, models_for
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
@@ -108,11 +107,10 @@ def main(argv=None) -> int:
     import specd
 
     methods = [m for m in args.methods.split(",") if m]
-    tmp = tempfile.TemporaryDirectory()
-    target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
-    if "draft" in methods and draft is None:
-        print("structured_outputs_drafts.py: method draft needs --draft", file=sys.stderr)
+    models = models_for(args, methods, "structured_outputs_drafts.py")
+    if models is None:
         return 2
+    tmp, target, draft, synthetic = models
     def spec(method: str):
         return specd.SpeculationConfig(method=method, num_speculative_tokens=args.k if method != "none" else 0)
 
