@@ -54,14 +54,15 @@ def resolve_models(args, root: Path, with_draft: bool) -> tuple[Path, Optional[P
     return args.target, args.draft, False
 
 
-def models_for(args, methods: list[str], script: str):
-    """(a temporary directory to clean up, target, draft, synthetic) for a script whose
-    ``methods`` may include "draft"; None, after saying why on stderr, when "draft" has no
-    draft model."""
+def models_for(args, script: str):
+    """(a temporary directory to clean up, target, draft, synthetic, methods) for a script with
+    a comma-separated ``--methods`` option that may name "draft"; None, after saying why on
+    stderr, when "draft" has no draft model."""
+    methods = [m for m in args.methods.split(",") if m]
     tmp = tempfile.TemporaryDirectory()
     target, draft, synthetic = resolve_models(args, Path(tmp.name), "draft" in methods)
     if "draft" in methods and draft is None:
         print(f"{script}: method draft needs --draft", file=sys.stderr)
         tmp.cleanup()
         return None
-    return tmp, target, draft, synthetic
+    return tmp, target, draft, synthetic, methods

@@ -109,13 +109,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    import specd
-
-    methods = [m for m in args.methods.split(",") if m]
-    models = models_for(args, methods, "prefix_cache.py")
+    models = models_for(args, "prefix_cache.py")
     if models is None:
         return 2
-    tmp, target, draft, synthetic = models
+    tmp, target, draft, synthetic, methods = models
+    import specd
+
     params = specd.SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     need = args.system + args.question + args.turns * (args.question + args.max_tokens) + 64
     llms = {}

@@ -104,13 +104,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
-    import specd
-
-    methods = [m for m in args.methods.split(",") if m]
-    models = models_for(args, methods, "structured_outputs_drafts.py")
+    models = models_for(args, "structured_outputs_drafts.py")
     if models is None:
         return 2
-    tmp, target, draft, synthetic = models
+    tmp, target, draft, synthetic, methods = models
+    import specd
+
     def spec(method: str):
         return specd.SpeculationConfig(method=method, num_speculative_tokens=args.k if method != "none" else 0)
 

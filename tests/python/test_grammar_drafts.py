@@ -13,6 +13,7 @@ import xgrammar as xgr
 from specd.engine import engine as engine_module
 from specd.engine.grammar_drafts import DraftGrammar, forced_tokens, prune_tree, with_forced
 from specd.engine.structured_outputs import GrammarMasks
+from random_trees import path_of, random_tree
 
 SO = specd.StructuredOutputsParams
 SCHEMA = {"type": "object", "properties": {"size": {"enum": ["S", "M", "L"]}, "name": {"type": "string", "maxLength": 6},
@@ -44,19 +45,6 @@ def walk(grammar, prefix, path) -> str:
     return "free" if m.is_terminated() else "ok"
 
 
-def random_tree(rng, tokens_from, vocab, n):
-    parents, tokens = [-1], [0]
-    for i in range(1, n):
-        parent = int(rng.integers(0, i))
-        siblings = {tokens[j] for j in range(1, i) if parents[j] == parent}
-        token = int(rng.choice(tokens_from)) if rng.random() < 0.85 else int(rng.integers(0, vocab))
-        while token in siblings:
-            token = int(rng.integers(0, vocab))
-        parents.append(parent)
-        tokens.append(token)
-    return parents, tokens
-
-
 def same_mask(matcher, grammar, accepted, vocab) -> bool:
     """Whether ``matcher`` allows what a fresh matcher does after ``accepted``."""
     fresh = xgr.GrammarMatcher(grammar)
@@ -65,14 +53,6 @@ def same_mask(matcher, grammar, accepted, vocab) -> bool:
     matcher.fill_next_token_bitmask(got, 0)
     fresh.fill_next_token_bitmask(want, 0)
     return torch.equal(got, want)
-
-
-def path_of(parents, tokens, node):
-    out = []
-    while node > 0:
-        out.append(tokens[node])
-        node = parents[node]
-    return out[::-1]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from scipy import stats
 
 import specd
 import xgrammar as xgr
+from random_trees import path_of, random_tree
 from specd.engine.structured_outputs import GrammarMasks, _fill_tree, apply_bitmask_torch
 
 SO = specd.StructuredOutputsParams
@@ -148,28 +149,16 @@ def test_tree_masks_equal_a_fresh_matcher_after_each_path(setup):
     rng = np.random.default_rng(0)
     for _ in range(20):
         n = int(rng.integers(2, 12))
-        parents, tokens = [-1], [0]
-        for i in range(1, n):
-            parent = int(rng.integers(0, i))
-            siblings = {tokens[j] for j in range(1, i) if parents[j] == parent}
-            token = int(rng.choice(digits)) if rng.random() < 0.85 else int(rng.integers(0, vocab))
-            while token in siblings:
-                token = int(rng.integers(0, vocab))
-            parents.append(parent)
-            tokens.append(token)
+        parents, tokens = random_tree(rng, digits, vocab, n)
         tree = specd.TokenTree.from_parents(np.array(tokens, dtype=np.int32), np.array(parents, dtype=np.int32))
         matcher = xgr.GrammarMatcher(grammar)
         matcher.accept_token(digits[3])
         got = xgr.allocate_token_bitmask(n, vocab)
         _fill_tree(matcher, tree, got, 0)
         for node in range(n):
-            path, at = [], node
-            while at > 0:
-                path.append(tokens[at])
-                at = parents[at]
             fresh = xgr.GrammarMatcher(grammar)
             fresh.accept_token(digits[3])
-            if not all(fresh.accept_token(t) for t in reversed(path)):
+            if not all(fresh.accept_token(t) for t in path_of(parents, tokens, node)):
                 continue  # unreachable: its row is never read
             want = xgr.allocate_token_bitmask(1, vocab)
             if not fresh.is_terminated():

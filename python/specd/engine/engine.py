@@ -287,7 +287,8 @@ class Engine:
                 if s.node_probs is None:
                     s.node_probs = {}
                 # a constrained request: its tree as _propose_free makes it (forced drafts certain)
-                shaped = self._constrained_tree(s.request, out.tree(i), s.k_max, s.k_max)
+                shaped = (self._constrained_tree(s.request, out.tree(i), s.k_max, s.k_max)
+                          if constrained(s.request) else None)
                 s.node_probs[method] = (probs[offsets[i] + 1:offsets[i + 1]] if shaped is None
                                         else _source_probs(probs, offsets[i], shaped[1]))
 
