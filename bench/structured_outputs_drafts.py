@@ -2,7 +2,9 @@
 (engine/grammar_drafts.py: forced tokens drafted, n-gram/suffix trees pruned, draft-model rows
 masked), in one run: each speculative method with its drafts "constrained" (all of it),
 "unforced" (``Engine.forced_drafts = False``: no forced tokens) and "free"
-(``Engine.constrain_drafts = False``), next to plain decoding.
+(``Engine.constrain_drafts = False``), next to plain decoding ("none" with its drafts "free")
+and jump-forward decoding ("none" with its drafts "constrained": no proposer, the grammar's
+forced tokens verified as drafts, SpeculationConfig.jump_forward_tokens).
 
     python bench/structured_outputs_drafts.py [--target PATH|default [--draft PATH]]
                                               [--hidden 512] [--layers 8]
@@ -82,9 +84,8 @@ SETTINGS = ("constrained", "unforced", "free")  # all on; no forced tokens; all 
 
 def run(llm, prompts, params, setting) -> dict:
     llm.reset()
-    if setting is not None:
-        llm.engine.constrain_drafts = setting != "free"
-        llm.engine.forced_drafts = setting == "constrained"
+    llm.engine.constrain_drafts = setting != "free"
+    llm.engine.forced_drafts = setting == "constrained"
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     seconds = time.perf_counter() - t0
@@ -100,6 +101,8 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default="ngram,suffix,draft", help="comma-separated: ngram, suffix, draft")
     p.add_argument("--k", type=int, default=4, help="drafts per step (static)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--jump-forward-tokens", type=int, default=8,
+                   help="the longest forced chain of jump-forward decoding (SpeculationConfig; default 8)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
     import specd
 
     def spec(method: str):
-        return specd.SpeculationConfig(method=method, num_speculative_tokens=args.k if method != "none" else 0)
+        return specd.SpeculationConfig(method=method, num_speculative_tokens=args.k if method != "none" else 0,
+                                       jump_forward_tokens=args.jump_forward_tokens)
 
     first = "draft" if "draft" in methods else "none"  # the one LLM that loads the weights
     base = specd.LLM(target, draft if first == "draft" else None, spec(first), dtype=args.dtype, device=args.device)
@@ -120,7 +124,8 @@ def main(argv=None) -> int:
         if method not in llms:  # the same weights
             llms[method] = specd.LLM.from_models(base.target, base.draft if method == "draft" else None, spec(method),
                                                  tokenizer=base.tokenizer, device=args.device)
-    cases = [("none", None)] + [(m, setting) for m in methods for setting in SETTINGS]
+    # plain decoding ("none", "free": jump-forward off with the constrained drafts), jump-forward
+    cases = [("none", "free"), ("none", "constrained")] + [(m, setting) for m in methods for setting in SETTINGS]
     work = {name: (so, [_chat(base.tokenizer, t) for t in texts])
             for name, (so, texts) in tasks(specd.StructuredOutputsParams).items()}
     for llm in llms.values():  # untimed warm-up
@@ -140,7 +145,7 @@ def main(argv=None) -> int:
           f"{'vs plain':>9} {'vs free':>10}")
     rows, same = [], True
     for name in work:
-        plain = runs[(name, "none", None)]
+        plain = runs[(name, "none", "free")]
         plain_s = statistics.median(r["seconds"] for r in plain)
         for method, setting in cases:
             rs = runs[(name, method, setting)]
@@ -157,7 +162,7 @@ def main(argv=None) -> int:
                    "vs_plain": seconds / plain_s, "vs_free": seconds / off_s if off_s else None,
                    "same_output": equal, "texts": r0["texts"]}
             rows.append(row)
-            drafts = setting or "-"
+            drafts = setting
             acc = f"{row['acceptance']:.2f}" if row["acceptance"] is not None else "-"
             tps = f"{row['tokens_per_step']:.2f}" if row["tokens_per_step"] is not None else "-"
             vs = f"{row['vs_free']:.2f}x" if row['vs_free'] is not None else "-"
@@ -165,7 +170,7 @@ def main(argv=None) -> int:
                   f"{row['vs_plain']:8.2f}x {vs:>10}")
     print("outputs equal plain decoding's: " + ("yes" if same else "NO"))
     for name in work:
-        print(f"  {name}: {runs[(name, 'none', None)][0]['texts']}")
+        print(f"  {name}: {runs[(name, 'none', 'free')][0]['texts']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"synthetic": synthetic, "args": vars(args), "rows": rows}, indent=1))
     tmp.cleanup()

@@ -348,7 +348,7 @@ def test_sampled_chains_with_forced_tokens_draw_the_constrained_distribution(tin
     counts = {}
     for method in ("none", "draft"):
         llm = make_llm(tiny_llama_dir, tiny_llama_draft_dir, method, k=3) if method == "draft" else \
-            specd.LLM(tiny_llama_dir)
+            specd.LLM(tiny_llama_dir, None, specd.SpeculationConfig(method="none", jump_forward_tokens=0))
         params = [specd.SamplingParams(temperature=1.5, max_tokens=24, seed=1000 * (method == "draft") + i,
                                        structured_outputs=so) for i in range(600)]
         seen.clear()

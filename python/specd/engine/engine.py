@@ -20,7 +20,7 @@ from specd.engine.grammar_drafts import DraftGrammar, constrained, forced_tokens
 from specd.engine.logits_processors import LogitsProcessors
 from specd.engine.logprobs import TokenLogprobs
 from specd.engine.params import SpeculationConfig
-from specd.engine.policy import SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
+from specd.engine.policy import Decision, SpeculationPolicy, StepRequest, StepShape, overhead_hook, shape_aware
 from specd.engine.request import Request
 from specd.engine.scheduler import DRAFT, TARGET, Scheduler, SchedulerConfig, WorkItem
 from specd.engine.step_logprobs import row_starts, step_logprobs, take_prompt_rows
@@ -83,6 +83,11 @@ class Engine:
         # False: all off (the same outputs). forced_drafts = False: no forced tokens (the rest on).
         self.constrain_drafts = True
         self.forced_drafts = True
+        # Jump-forward (SchedulerConfig.jump_forward_tokens > 0): a constrained request the
+        # policy gives no drafts verifies its grammar's forced tokens instead (_jump_forward).
+        self._forced: dict[int, list[int]] = {}  # request id -> this step's forced chain
+        if scheduler_config.jump_forward_tokens > 0:
+            self.scheduler.jump_forward = self._jump_forward
         self._forward_s = {"draft": 0.0, "target": 0.0}  # this step's forward seconds
         self._pending_forwards: list[tuple] = []  # (model, tokens, span) of timers that defer
         self.steps = 0
@@ -326,9 +331,37 @@ class Engine:
                 finally:
                     if grammar is not None:
                         grammar.close()
+            elif method == "forced":  # _jump_forward's chains
+                for it in group:
+                    forced = self._forced[it.request.id][:min(it.k, it.nodes)]
+                    trees[it.request.id] = TokenTree.chain(it.request.tokens[-1], forced)
             else:
                 self._propose_free(method, group, trees)
         return trees, dists, on_device
+
+    def _jump_forward(self, batch: list[StepRequest], decisions: dict[int, Decision]) -> None:
+        """Jump-forward decoding as speculation (the scheduler's hook, after the policy
+        decided): a constrained request the policy gives no drafts (k = 0, also with no
+        speculation configured) whose grammar forces a continuation from its output verifies
+        those forced tokens as a chain this step (method "forced", at most
+        jump_forward_tokens and room - 1 tokens). Verification keeps it lossless: a forced
+        token is accepted where the target's masked row picks it (certainly where the
+        vocabulary spells the forced text one way only). The policy does not hear of these
+        chains (they are not its proposers' drafts). Off with constrain_drafts or
+        forced_drafts off."""
+        self._forced.clear()
+        if not (self.constrain_drafts and self.forced_drafts):
+            return
+        limit = self.scheduler.config.jump_forward_tokens
+        for s in batch:
+            req = s.request
+            if decisions[req.id].k > 0 or not constrained(req) or s.remaining_tokens < 2:
+                continue
+            matcher = self.processors.grammars.matcher(req)
+            forced = forced_tokens(matcher, min(limit, s.remaining_tokens - 1)) if matcher is not None else []
+            if forced:
+                self._forced[req.id] = forced
+                decisions[req.id] = Decision(len(forced), "forced", 1.0 + len(forced))
 
     def _propose_draft(self, items: list[WorkItem], group: list[WorkItem], trees: dict[int, TokenTree],
                        dists: dict[int, torch.Tensor], prefix_tokens: int, alone: bool,
@@ -498,7 +531,8 @@ class Engine:
             drafted = self._draft_trees.pop(req.id, None)
             # A draft-model tree reports its greedy chain's part (draft_tree.py).
             depth, passed = drafted.chain_result(path) if drafted is not None else (tree.max_depth, accepted)
-            self.policy.observe(req, it.method, depth, passed)
+            if it.method != "forced":  # (jump-forward chains are not the policy's: _jump_forward)
+                self.policy.observe(req, it.method, depth, passed)
             predicted = self._tree_probs.pop(req.id, None)
             observe_tree = getattr(self.policy, "observe_tree", None)
             if predicted is not None and observe_tree is not None:

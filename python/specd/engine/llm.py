@@ -23,7 +23,7 @@ from specd.engine.policies import build_policy, make_policy, policy_factory
 from specd.engine.policy import SpeculationPolicy
 from specd.engine.request import Detokenizer, Request
 from specd.engine.scheduler import DRAFT, TARGET, SchedulerConfig
-from specd.engine.structured_outputs import GrammarCompiler
+from specd.engine.structured_outputs import GrammarCompiler, structured_outputs_available
 from specd.errors import InvalidArgumentError, UnknownSequenceError
 from specd.kv_cache import KVCachePool, KVModel
 from specd.models.kernel_choice import KernelChoice
@@ -204,11 +204,14 @@ class LLM:
             policy = make_policy(policy, speculation)
         self.eos_ids = frozenset(tc.eos_token_ids)
         self._grammars = GrammarCompiler(tokenizer, tc.vocab_size, self.eos_ids)
+        # (no forced chain can come without xgrammar: the target graph needs no room for one)
+        self._jump_forward_tokens = speculation.jump_forward_tokens if structured_outputs_available() else 0
         self._scheduler_config = SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             uses_draft_kv=self.draft is not None, k_max=speculation.k,
             model_free_tree_nodes=speculation.planner_node_budgets[0], draft_tree_width=speculation.draft_tree_width,
-            draft_tree_nodes=speculation.planner_node_budgets[1])
+            draft_tree_nodes=speculation.planner_node_budgets[1],
+            jump_forward_tokens=self._jump_forward_tokens)
         self._timer = timer
         self.engine = Engine(self.target, self.draft, self.pool, speculation, policy, self._scheduler_config,
                              timer=timer)
@@ -313,8 +316,9 @@ class LLM:
         from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
 
         k = speculation.k
-        # root + the most draft nodes a request reserves
-        max_query = 1 + max(k, speculation.tree_nodes(k), speculation.draft_tree_nodes(k))
+        # root + the most draft nodes a request reserves (a jump-forward chain included)
+        max_query = 1 + max(k, speculation.tree_nodes(k), speculation.draft_tree_nodes(k),
+                            self._jump_forward_tokens)
         on_gpu = self.target.device.type == "cuda"
         width = self.pool.blocks.pages_for_tokens(self.max_model_len + max_query, model=TARGET)
         runner = TargetGraphRunner(self.target, self.pool, TargetGraphConfig(

@@ -213,6 +213,11 @@ class SpeculationConfig:
         (entry-point group specd.policies); default: "goodput" for "auto", else "static".
     switch_off_batch: the switch_off policy speculates only while at most this many requests
         run in a step.
+    jump_forward_tokens: jump-forward decoding for requests with structured outputs: where
+        the policy gives such a request no drafts (always with method "none"), the text its
+        grammar forces from here (e.g. the next key of a JSON schema) is verified as a draft
+        chain of up to this many tokens (method "forced" in the telemetry). Lossless as any
+        draft; 0: off. (With a proposer the forced tokens also lead its drafts, up to k.)
     """
 
     method: Union[str, Sequence[str]] = "none"
@@ -225,6 +230,7 @@ class SpeculationConfig:
     ngram_candidates: int = 1
     policy: Optional[str] = None
     switch_off_batch: int = 4
+    jump_forward_tokens: int = 8
 
     def __post_init__(self) -> None:
         methods = self.method.split("+") if isinstance(self.method, str) else list(self.method)
@@ -249,6 +255,8 @@ class SpeculationConfig:
                self.ngram_candidates, "an int >= 1")
         _check(isinstance(self.switch_off_batch, int) and self.switch_off_batch >= 1, "switch_off_batch",
                self.switch_off_batch, "an int >= 1")
+        _check(isinstance(self.jump_forward_tokens, int) and 0 <= self.jump_forward_tokens <= 64,
+               "jump_forward_tokens", self.jump_forward_tokens, "an int in [0, 64]")
         if self.policy is None:
             self.policy = "goodput" if auto and self.k > 0 else ("static" if self.k > 0 else "none")
         _check(isinstance(self.policy, str) and self.policy, "policy", self.policy, "a policy name")

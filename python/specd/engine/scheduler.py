@@ -51,6 +51,7 @@ class SchedulerConfig:
     model_free_tree_nodes: int = -1      # node budget of a depth-k > 0 ngram/suffix tree (-1: k)
     draft_tree_width: int = 1            # > 1: the draft model grows trees (SpeculationConfig)
     draft_tree_nodes: int = -1           # node budget of a depth-k > 0 draft tree (-1: k * width)
+    jump_forward_tokens: int = 0         # the longest forced chain of a "forced" decision (jump_forward)
 
 
 @dataclass
@@ -71,14 +72,16 @@ class WorkItem:
         return self.num_prefix + (1 + self.nodes if self.decide else 0)
 
 
-_KINDS = {"ngram": 1, "suffix": 1, "draft": 2}  # StepPlanner's ProposalKind of each method
+# StepPlanner's ProposalKind of each method ("forced": the grammar's forced tokens, jump_forward)
+_KINDS = {"ngram": 1, "suffix": 1, "forced": 1, "draft": 2}
 
 
 class Scheduler:
     def __init__(self, pool: KVCachePool, config: SchedulerConfig, policy: SpeculationPolicy):
         self.pool, self.blocks, self.config, self.policy = pool, pool.blocks, config, policy
         self.planner = _core.StepPlanner(
-            pool.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.uses_draft_kv, config.k_max,
+            pool.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.uses_draft_kv,
+            max(config.k_max, config.jump_forward_tokens),
             model_free_tree_nodes=config.model_free_tree_nodes, draft_tree_width=config.draft_tree_width,
             draft_tree_nodes=config.draft_tree_nodes)
         self.requests: dict[int, Request] = {}
@@ -88,6 +91,9 @@ class Scheduler:
         # Fills StepRequest.node_probs before decide (the engine sets it for policies that
         # want node probabilities; None: not asked).
         self.probe: Optional[Callable[[list[StepRequest]], None]] = None
+        # Revises the policy's decisions before planning (the engine's jump-forward: a
+        # constrained request given no drafts gets its grammar's forced tokens; None: none).
+        self.jump_forward: Optional[Callable[[list[StepRequest], dict[int, Decision]], None]] = None
 
     @property
     def running(self) -> list[Request]:
@@ -153,6 +159,8 @@ class Scheduler:
         if self.probe is not None:
             self.probe(batch)
         decisions = dict(zip(candidates, self.policy.decide(batch)))
+        if self.jump_forward is not None:
+            self.jump_forward(batch, decisions)
         ids = list(decisions)
         items, copies, preempted, admitted = self.planner.plan(
             ids, [decisions[i].k for i in ids], [_KINDS.get(decisions[i].method, 0) for i in ids])

@@ -51,6 +51,13 @@ def _xgrammar():
     return xgrammar
 
 
+def structured_outputs_available() -> bool:
+    """Whether xgrammar is installed (constrained requests can be made), without importing it."""
+    import importlib.util
+
+    return importlib.util.find_spec("xgrammar") is not None
+
+
 class GrammarCompiler:
     """Compiles StructuredOutputsParams for one tokenizer and vocabulary (lazily: xgrammar is
     imported on the first constrained request)."""
