@@ -77,6 +77,8 @@ def test_generate_applies_penalties_losslessly(pair):
 
 
 def test_generate_follows_a_constraint_losslessly(pair, tmp_path):
+    """Under a constraint the draft model, plain decoding and jump-forward decoding print the
+    same text."""
     target, draft = pair
     schema = tmp_path / "schema.json"
     schema.write_text('{"type": "object", "properties": {"size": {"enum": ["S", "M"]}}, "required": ["size"], '
@@ -85,14 +87,18 @@ def test_generate_follows_a_constraint_losslessly(pair, tmp_path):
         args = ("--max-tokens", "16", "--dtype", "float32", *option)
         spec = specd("generate", "def fibonacci(n):", "--target", target, "--draft", draft, "--method", "draft",
                      "-k", "3", *args)
-        plain = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", *args)
-        assert spec.returncode == plain.returncode == 0, spec.stderr + plain.stderr
-        assert spec.stdout == plain.stdout
+        plain = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none",
+                      "--jump-forward-tokens", "0", *args)
+        jump = specd("generate", "def fibonacci(n):", "--target", target, "--method", "none", *args)  # (default 8)
+        assert spec.returncode == plain.returncode == jump.returncode == 0, spec.stderr + plain.stderr + jump.stderr
+        assert spec.stdout == plain.stdout == jump.stdout
     assert plain.stdout.strip() in ('{"size": "S"}', '{"size": "M"}')
     bad = specd("generate", "x", "--target", target, "--method", "none", "--regex", "([a")
     assert bad.returncode == 2 and "could not be compiled" in bad.stderr
     two = specd("generate", "x", "--target", target, "--method", "none", "--regex", "a", "--json-object")
     assert two.returncode == 2 and "exactly one" in two.stderr
+    bad = specd("generate", "x", "--target", target, "--method", "none", "--regex", "a", "--jump-forward-tokens", "-1")
+    assert bad.returncode == 2 and "jump_forward_tokens" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_bench_quick_writes_json_and_plots(pair, tmp_path):

@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     so.add_argument("--choice", action="append", default=None, metavar="TEXT",
                     help="the output is one of these strings (repeat the option)")
     so.add_argument("--grammar", default=None, help="the output follows this EBNF grammar (xgrammar's syntax)")
+    so.add_argument("--jump-forward-tokens", type=int, default=8, metavar="N",
+                    help="verify the text the grammar forces as drafts, up to N tokens, in steps without other "
+                         "drafts (jump-forward decoding; also with --method none; 0 = off; default 8)")
     p.set_defaults(run=run)
 
 
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                                       presence_penalty=args.presence_penalty,
                                       frequency_penalty=args.frequency_penalty, structured_outputs=_structured(args))
         spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=args.num_speculative_tokens,
-                                       draft_tree_width=args.draft_tree_width)
+                                       draft_tree_width=args.draft_tree_width,
+                                       jump_forward_tokens=args.jump_forward_tokens)
     except (specd.InvalidArgumentError, OSError) as e:
         print(f"specd generate: error: {e}", file=sys.stderr)
         return 2

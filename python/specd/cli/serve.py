@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
                    help="draft tokens per step, or 'auto' (default): the goodput policy picks k (0 included) per "
                         "request and step from measured acceptance and cost")
     p.add_argument("--draft-tree-width", type=int, default=1, help="with a draft model: 1 = chains; 2..8 = trees")
+    p.add_argument("--jump-forward-tokens", type=int, default=8, metavar="N",
+                   help="structured outputs: verify the text a request's grammar forces as drafts, up to N tokens, "
+                        "in steps where it gets no other drafts (jump-forward decoding; 0 = off; default 8)")
     p.add_argument("--max-num-seqs", type=int, default=32, help="requests in one batch at most (default 32)")
     p.add_argument("--kv-cache-memory", type=int, default=1 << 30, help="bytes of KV cache (default 1 GiB)")
     p.add_argument("--no-prefix-caching", action="store_true",
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     k = args.num_speculative_tokens
     k = k if k == "auto" else _int(k)
     spec = specd.SpeculationConfig(method=args.method, num_speculative_tokens=k,
-                                   draft_tree_width=args.draft_tree_width)
+                                   draft_tree_width=args.draft_tree_width,
+                                   jump_forward_tokens=args.jump_forward_tokens)
     target, draft = resolve_models(args, want_draft="draft" in args.method)
     if "draft" in args.method and draft is None:
         print("specd serve: error: --method draft needs --draft", file=sys.stderr)
