@@ -31,6 +31,23 @@ PrefixCacheStats BlockManager::prefix_cache_stats() const {
   return s;
 }
 
+std::vector<std::pair<uint64_t, int32_t>> BlockManager::matched_blocks(ModelIndex m, Span<const int32_t> tokens,
+                                                                      int64_t max_tokens) const {
+  std::vector<std::pair<uint64_t, int32_t>> out;
+  const auto bs = static_cast<std::size_t>(block_size(m));
+  const auto limit = static_cast<std::size_t>(std::max<int64_t>(0, std::min<int64_t>(
+      max_tokens, static_cast<int64_t>(tokens.size()))));
+  uint64_t parent = 0;
+  for (std::size_t b = 0; (b + 1) * bs <= limit; ++b) {
+    int32_t page = -1;
+    const uint64_t key = cache_.find(parent, m, Span<const int32_t>(tokens.data() + b * bs, bs), &page);
+    if (key == 0) break;
+    out.emplace_back(key, page);
+    parent = key;
+  }
+  return out;
+}
+
 Status BlockManager::match_prefix(SeqId seq, ModelIndex m, Span<const int32_t> tokens, int64_t max_tokens,
                                   int64_t* matched) {
   *matched = 0;
@@ -43,23 +60,20 @@ Status BlockManager::match_prefix(SeqId seq, ModelIndex m, Span<const int32_t> t
                         st.committed, "+", st.reserved, " tokens of KV for model '", models_[m].spec.name,
                         "'; a prefix is matched only into an empty sequence");
   if (!prefix_caching_) return Status::Ok();
-  const auto bs = static_cast<std::size_t>(block_size(m));
-  const auto limit = static_cast<std::size_t>(std::max<int64_t>(0, std::min<int64_t>(
-      max_tokens, static_cast<int64_t>(tokens.size()))));
-  uint64_t parent = 0;
-  for (std::size_t b = 0; (b + 1) * bs <= limit; ++b) {
-    int32_t page = -1;
-    const uint64_t key = cache_.find(parent, m, Span<const int32_t>(tokens.data() + b * bs, bs), &page);
-    if (key == 0) break;
+  for (const auto& [key, page] : matched_blocks(m, tokens, max_tokens)) {
     pool_.retain(page);
     st.pages.push_back(page);
     st.block_keys.push_back(key);
-    parent = key;
   }
-  st.committed = static_cast<int64_t>(st.pages.size() * bs);
+  st.committed = static_cast<int64_t>(st.pages.size()) * block_size(m);
   hit_pages_ += static_cast<int64_t>(st.pages.size());
   *matched = st.committed;
   return Status::Ok();
+}
+
+int64_t BlockManager::cached_prefix(ModelIndex m, Span<const int32_t> tokens, int64_t max_tokens) const {
+  if (!prefix_caching_ || !check_model(m).ok()) return 0;
+  return static_cast<int64_t>(matched_blocks(m, tokens, max_tokens).size()) * block_size(m);
 }
 
 Status BlockManager::cache_blocks(SeqId seq, ModelIndex m, Span<const int32_t> tokens) {

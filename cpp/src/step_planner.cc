@@ -115,6 +115,18 @@ std::vector<RequestId> StepPlanner::candidates() const {
   return out;
 }
 
+Status StepPlanner::cached_prefix(RequestId id, int64_t* target, int64_t* draft) const {
+  *target = *draft = 0;
+  const auto it = seqs_.find(id);
+  if (it == seqs_.end()) return error_status(StatusCode::kNotFound, "StepPlanner: unknown request ", id);
+  const Sequence& s = it->second;
+  if (s.in_blocks || !caching() || !s.use_prefix_cache) return Status::Ok();
+  const int64_t limit = s.state.length - 1;  // as admit(): the last token is always fed
+  *target = blocks_->cached_prefix(kTarget, s.tokens, limit);
+  if (config_.uses_draft_kv) *draft = blocks_->cached_prefix(kDraft, s.tokens, limit);
+  return Status::Ok();
+}
+
 bool StepPlanner::plan_item(const Sequence& s, int32_t budget, const PlannedDecision* d, WorkPlan* item) const {
   if (budget <= 0) return false;
   const SequenceState& st = s.state;

@@ -101,9 +101,13 @@ int main() {
     for (specd::RequestId id : planner.candidates()) {
       const Request& r = requests.at(id);
       const int64_t room = r.max_new - r.generated;
-      batch.push_back(specd::ControllerRequest{id, static_cast<int32_t>(r.length() - r.computed_t),
+      // A waiting request's work is what it will compute after adopting its cached prefix.
+      int64_t cached_t = 0, cached_d = 0;
+      if (auto s = planner.cached_prefix(id, &cached_t, &cached_d); !s.ok()) return fail(s, "cached_prefix"), 1;
+      const int64_t computed_t = std::max(r.computed_t, cached_t), computed_d = std::max(r.computed_d, cached_d);
+      batch.push_back(specd::ControllerRequest{id, static_cast<int32_t>(r.length() - computed_t),
                                                static_cast<int32_t>(std::min<int64_t>(k_max, room - 1)),
-                                               static_cast<int32_t>(r.length() - r.computed_d), room});
+                                               static_cast<int32_t>(r.length() - computed_d), room});
     }
     std::vector<specd::ControllerDecision> decisions;
     if (auto s = controller.decide(batch, &decisions); !s.ok()) return fail(s, "decide"), 1;

@@ -322,6 +322,16 @@ void bind_block_manager(py::module_& m) {
            py::arg("new_tokens") = std::vector<std::vector<int32_t>>{},
            "new_tokens (prefix caching only): per request, its tokens since the previous sync (all on the first).")
       .def("candidates", &StepPlanner::candidates, "Running requests, then the waiting ones this step may admit.")
+      .def(
+          "cached_prefix",
+          [](const StepPlanner& p, int64_t id) {
+            int64_t target = 0, draft = 0;
+            check(p.cached_prefix(id, &target, &draft));
+            return py::make_tuple(target, draft);
+          },
+          py::arg("request"),
+          "(target, draft): the KV tokens a waiting request would adopt from the prefix cache if admitted now "
+          "(0, 0 for a running one).")
       .def("plan",
            [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int32_t>& ks,
               const std::vector<int32_t>& kinds) {

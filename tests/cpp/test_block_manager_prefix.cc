@@ -31,6 +31,13 @@ TEST(BlockManagerPrefix, MatchAdoptsWholeRegisteredBlocks) {
   add_cached(*bm, 1, tokens);
   EXPECT_EQ(bm->prefix_cache_stats().cached_pages, 2);  // the partial third block is not registered
   const auto owner = pages_of(*bm, 1);
+  // cached_prefix says what a match would adopt, and adopts nothing.
+  EXPECT_EQ(bm->cached_prefix(0, tokens, 9), 8);
+  EXPECT_EQ(bm->cached_prefix(0, tokens, 7), 4);
+  EXPECT_EQ(bm->cached_prefix(0, iota_tokens(10, 50), 10), 0);
+  EXPECT_EQ(bm->cached_prefix(3, tokens, 9), 0);  // not a model
+  EXPECT_EQ(bm->page_refcount(owner[0]), 1);
+  EXPECT_EQ(bm->prefix_cache_stats().hit_pages, 0);
   SPECD_ASSERT_OK(bm->add_sequence(2));
   int64_t matched = -1;
   SPECD_ASSERT_OK(bm->match_prefix(2, 0, tokens, 9, &matched));

@@ -107,6 +107,24 @@ TEST(LoadForecast, RulesOfTheHeader) {
   }
   EXPECT_EQ(heavy.batch(8, target), 64);
 
+  // A burst at the start (8 arrivals within 4 steps of a load of 2/s) does not make a rate:
+  // before kMinArrivals the forecast is the current batch. (With 3 arrivals enough, a burst
+  // like this forecast the batch limit; at that batch drafting never pays, so the draft
+  // never prefilled the prompts admitted then, and those requests never drafted.)
+  LoadForecast burst;
+  burst.queue(0, 64);
+  for (RequestId i = 0; i < 8; ++i) {
+    burst.arrive(i, 100, 64);
+    burst.tick(0.01);
+  }
+  EXPECT_FALSE(burst.rate(0.02).has_value());
+  EXPECT_EQ(burst.batch(8, target), 8);
+  for (RequestId i = 8; i < static_cast<RequestId>(LoadForecast::kMinArrivals); ++i) {
+    burst.arrive(i, 100, 64);
+    burst.tick(0.5);
+  }
+  EXPECT_TRUE(burst.rate(0.02).has_value());
+
   LoadForecast chunks;  // prompt tokens per prefilling step, steps without prompts not counted
   EXPECT_FALSE(chunks.prefill_chunk().has_value());
   chunks.prefill(0);

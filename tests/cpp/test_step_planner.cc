@@ -205,6 +205,14 @@ TEST(StepPlanner, AdmissionAdoptsTheCachedPrefixForTargetAndDraft) {
   b.tokens[18] = 7;
   SPECD_ASSERT_OK(p.add(2));
   SPECD_ASSERT_OK(sync_tokens(p, {&a, &b}));
+  // Before admission, cached_prefix says what it will adopt (a running request: nothing).
+  int64_t cached_t = -1, cached_d = -1;
+  SPECD_ASSERT_OK(p.cached_prefix(2, &cached_t, &cached_d));
+  EXPECT_EQ(cached_t, 16);
+  EXPECT_EQ(cached_d, 16);
+  SPECD_ASSERT_OK(p.cached_prefix(1, &cached_t, &cached_d));
+  EXPECT_EQ(cached_t + cached_d, 0);
+  SPECD_EXPECT_CODE(p.cached_prefix(99, &cached_t, &cached_d), kNotFound);
   StepPlan plan;
   SPECD_ASSERT_OK(p.plan(std::vector<PlannedDecision>{{2, 2, ProposalKind::kDraftModel}}, &plan));
   ASSERT_EQ(plan.admitted, (std::vector<RequestId>{2}));
@@ -238,6 +246,9 @@ TEST(StepPlanner, PrefixCacheOptOutPreemptionAndFinish) {
   TokenReq b{{2, 14}, tokens_from(0, 64)};
   SPECD_ASSERT_OK(p.add(2, /*use_prefix_cache=*/false));
   SPECD_ASSERT_OK(sync_tokens(p, {&b}));
+  int64_t cached_t = -1, cached_d = -1;
+  SPECD_ASSERT_OK(p.cached_prefix(2, &cached_t, &cached_d));
+  EXPECT_EQ(cached_t, 0);  // opted out
   StepPlan plan;
   SPECD_ASSERT_OK(p.plan({}, &plan));
   ASSERT_EQ(plan.items.size(), 1u);

@@ -89,9 +89,12 @@ def test_each_request_gets_the_better_proposer(setup):
     assert [o.token_ids for o in outs] == baseline
     methods = llm.metrics()["methods"]
     # Random tiny targets repeat themselves, so prompt lookup hits; the random draft never does.
-    assert methods.get("ngram", 0) > 3 * methods.get("draft", 0), methods
+    assert methods.get("ngram", 0) > 2 * methods.get("draft", 0), methods
+    # After the first steps the draft is only retried: its global estimate fades back towards
+    # the prior while no request uses it, and on this profile a draft forward costs a tenth
+    # of a target step, so a faded estimate is worth a try (acceptance_estimator.h, retries).
     late = [m for o in outs for m, k in zip(o.metrics.methods_per_step[10:], o.metrics.k_per_step[10:]) if k > 0]
-    assert late and late.count("draft") <= 0.05 * len(late), late
+    assert late and late.count("draft") <= 0.2 * len(late), late
 
 
 def test_switch_off_speculates_only_in_small_batches(setup):

@@ -193,3 +193,36 @@ def test_prefix_caching_on_cuda_keeps_greedy_outputs(shared):
         assert [o.token_ids for o in warm] == [o.token_ids for o in cold]
         assert sum(o.num_cached_tokens for o in warm) > 0
         llm.engine.check_kv()
+
+
+def test_the_policy_is_told_a_waiting_prompts_work_net_of_the_cache(shared):
+    """A waiting request whose prompt starts with cached blocks is offered to the policy with
+    the tokens it would prefill (and the draft would catch up) after adopting them: what the
+    step will compute, not its whole prompt (the goodput controller prices steps and
+    forecasts load from these)."""
+    target, draft, system, prompts = shared
+    llm = make_llm(target, draft, method="draft", policy="goodput")
+    seen = {}
+    real = llm.engine.policy.decide
+
+    def decide(batch):
+        for s in batch:
+            seen.setdefault(s.request.id, (s.base_tokens, s.draft_catch_up))
+        return real(batch)
+    llm.engine.policy.decide = decide
+    first = llm.generate(prompts[:1], greedy())[0]
+    second = llm.generate(prompts[1:2], greedy())[0]
+    cached = second.num_cached_tokens
+    assert cached >= len(system) // BLOCK * BLOCK - BLOCK > 0
+    assert seen[0] == (len(first.prompt_token_ids), len(first.prompt_token_ids))  # nothing cached yet
+    base, catch_up = seen[1]
+    assert base == len(second.prompt_token_ids) - cached
+    # the draft adopts whole blocks of its own size (a page holds more of its smaller tokens)
+    draft_cached = len(second.prompt_token_ids) - catch_up
+    assert draft_cached > 0 and draft_cached % llm.pool.block_size(1) == 0 and catch_up < len(second.prompt_token_ids)
+    uncached = make_llm(target, draft, method="draft", policy="goodput", caching=False)
+    seen.clear()
+    uncached.engine.policy.decide = decide
+    real = uncached.engine.policy.__class__.decide.__get__(uncached.engine.policy)
+    uncached.generate(prompts[:2], greedy())
+    assert [v[0] for v in seen.values()] == [len(p) for p in prompts[:2]]

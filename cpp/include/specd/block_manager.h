@@ -50,6 +50,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "specd/page_pool.h"
@@ -165,6 +166,9 @@ class BlockManager {
   // c to its length, returned in *matched (0 when nothing matches or caching is off).
   Status match_prefix(SeqId seq, ModelIndex m, Span<const int32_t> tokens, int64_t max_tokens,
                       int64_t* matched);
+  // What match_prefix would adopt for `tokens` now (tokens; 0 when nothing matches, caching is
+  // off or m is not a model), without adopting anything. O(tokens matched).
+  int64_t cached_prefix(ModelIndex m, Span<const int32_t> tokens, int64_t max_tokens) const;
   // Registers the sequence's full committed blocks of model m not registered yet, those
   // within [0, min(c, tokens.size())); `tokens` are the sequence's tokens from position 0.
   // Stops at a block whose page holds another key. O(blocks registered) plus O(1).
@@ -235,6 +239,10 @@ class BlockManager {
   Status find(SeqId seq, Sequence** out);
   Status find(SeqId seq, const Sequence** out) const;
   Status check_model(ModelIndex m) const;
+  // The registered blocks (key, page) of the longest cached prefix of `tokens`, whole blocks
+  // of at most max_tokens tokens (match_prefix, cached_prefix).
+  std::vector<std::pair<uint64_t, int32_t>> matched_blocks(ModelIndex m, Span<const int32_t> tokens,
+                                                           int64_t max_tokens) const;
   Status plan_reserve(SeqId id, Sequence* seq, ModelIndex m, int32_t n, ReservePlan* plan) const;
   void apply_reserve(const ReservePlan& plan, ModelIndex m, Reservation* out);
   int64_t copies_spared_in_batch();

@@ -189,9 +189,12 @@ struct GoodputControllerConfig {
 // One request of a step as the controller sees it.
 struct ControllerRequest {
   RequestId id = 0;
-  int32_t base_tokens = 1;              // tokens the target verifies for it anyway (prefix + root)
+  // Tokens the target verifies for it anyway (prefix + root). For a waiting request, those
+  // past the prefix it would adopt from the prefix cache (StepPlanner::cached_prefix): the
+  // load forecast and the step's costs take it as the work its admission brings.
+  int32_t base_tokens = 1;
   int32_t k_max = 0;                    // its cap (config, max_tokens, context)
-  int32_t draft_catch_up = 1;           // tokens its first draft-model forward would process
+  int32_t draft_catch_up = 1;           // tokens its first draft-model forward would process (likewise)
   int64_t remaining_tokens = 1 << 30;   // tokens it may still generate
   // Empty, or [num proposers]: for each model-free proposer, the acceptance probabilities of
   // its candidate nodes for this request this step (any order; none: no candidates, k = 0

@@ -132,6 +132,11 @@ class StepPlanner {
   // The running requests and the waiting ones this step may admit, in planning order: the
   // requests the policy decides for.
   std::vector<RequestId> candidates() const;
+  // The KV a waiting request would adopt from the prefix cache if admitted now (admit()'s
+  // match, target and draft tokens; 0 for a running request, without prefix caching or for a
+  // request added with use_prefix_cache = false). The policy is told a waiting request's
+  // work net of it (a prompt mostly cached costs little to admit). Unknown ids: an error.
+  Status cached_prefix(RequestId id, int64_t* target, int64_t* draft) const;
   Status plan(Span<const PlannedDecision> decisions, StepPlan* out);
 
   const std::vector<RequestId>& running() const { return running_; }

@@ -42,9 +42,11 @@ class StepRequest:
     """A running request as a policy sees it in one step."""
 
     request: Request
-    base_tokens: int          # tokens the target verifies for it anyway: prefix chunk + root
+    # tokens the target verifies for it anyway: prefix chunk + root (a waiting request: its
+    # tokens past the prefix it would adopt from the prefix cache, StepPlanner.cached_prefix)
+    base_tokens: int
     k_max: int                # the largest k it may get (config cap, max_tokens, context)
-    draft_catch_up: int = 1   # tokens its first draft-model forward would process
+    draft_catch_up: int = 1   # tokens its first draft-model forward would process (likewise)
     remaining_tokens: int = 1 << 30  # tokens it may still generate (max_tokens, context)
     # policies with wants_node_probs: per model-free method, float32 [candidate nodes] the
     # acceptance probabilities of the nodes it would propose with a budget of k_max (no root)

@@ -133,9 +133,13 @@ class Scheduler:
 
     def _step_request(self, req: Request, room: int) -> StepRequest:
         length = req.length
-        return StepRequest(req, base_tokens=length - req.computed[TARGET],
+        computed = req.computed
+        if self.prefix_caching and not req.in_blocks:  # a waiting request: what it would adopt is not work
+            cached = self.planner.cached_prefix(req.id)
+            computed = [max(computed[TARGET], cached[TARGET]), max(computed[DRAFT], cached[DRAFT])]
+        return StepRequest(req, base_tokens=length - computed[TARGET],
                            k_max=max(0, min(self.config.k_max, room - 1)),
-                           draft_catch_up=length - req.computed[DRAFT], remaining_tokens=room)
+                           draft_catch_up=length - computed[DRAFT], remaining_tokens=room)
 
     def schedule(self) -> list[WorkItem]:
         # The planner keeps each request's last synced state. Running requests change every
@@ -159,6 +163,10 @@ class Scheduler:
         if self.probe is not None:
             self.probe(batch)
         decisions = dict(zip(candidates, self.policy.decide(batch)))
+        # The planner's cap makes room for jump-forward chains; a policy's k stays within k_max.
+        for rid, d in decisions.items():
+            if d.k > self.config.k_max:
+                decisions[rid] = Decision(self.config.k_max, d.method, d.predicted_tokens)
         if self.jump_forward is not None:
             self.jump_forward(batch, decisions)
         ids = list(decisions)
