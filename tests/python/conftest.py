@@ -54,3 +54,18 @@ def tiny_qwen2_draft_dir(tmp_path_factory, tiny_tokenizer_dir):
     """Draft Qwen2: hidden 32, 1 layer, 4 heads / 2 kv heads, same vocabulary."""
     return _model_dir(tmp_path_factory, tiny_tokenizer_dir, "tiny_qwen2_draft", "qwen2",
                       hidden_size=32, layers=1, intermediate=64, seed=12)
+
+
+@pytest.fixture
+def checked_steps(monkeypatch):
+    """Every Engine.step is followed by check_kv (each running request's KV pages match its
+    committed length, no reserved slot left)."""
+    from specd.engine import engine as engine_module
+
+    real_step = engine_module.Engine.step
+
+    def step(self):
+        out = real_step(self)
+        self.check_kv()
+        return out
+    monkeypatch.setattr(engine_module.Engine, "step", step)

@@ -300,19 +300,13 @@ def test_a_forced_output_is_drafted_and_accepted(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_draft_chains_start_with_the_forced_tokens(tiny_llama_dir, tiny_llama_draft_dir, monkeypatch, temperature):
+def test_draft_chains_start_with_the_forced_tokens(tiny_llama_dir, tiny_llama_draft_dir, monkeypatch, checked_steps,
+                                                  temperature):
     """A constrained request's draft-model chain starts with the tokens its grammar forces (up
     to k), fed in the draft's first forward: fewer draft forwards for the same outputs as
     with forced tokens off (greedy, and seeded sampling, whose forced drafts carry one-hot
     draft distributions), and the draft's KV stays consistent (check_kv after every step)."""
     params = specd.SamplingParams(temperature=temperature, seed=4, max_tokens=40, structured_outputs=SO(json=SCHEMA))
-    real_step = engine_module.Engine.step
-
-    def checked_step(self):
-        out = real_step(self)
-        self.check_kv()
-        return out
-    monkeypatch.setattr(engine_module.Engine, "step", checked_step)
     seen = recording(monkeypatch)
     runs = {}
     for forced in (True, False):

@@ -10,7 +10,6 @@ import pytest
 
 import specd
 import xgrammar as xgr
-from specd.engine import engine as engine_module
 from test_grammar_drafts import CONSTRAINTS, PROMPTS, SO, recording
 
 GREEDY = {name: specd.SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=so)
@@ -20,18 +19,6 @@ GREEDY = {name: specd.SamplingParams(temperature=0.0, max_tokens=40, structured_
 def plain_llm(target, jump_forward_tokens, **kwargs):
     return specd.LLM(target, None, specd.SpeculationConfig(method="none", jump_forward_tokens=jump_forward_tokens),
                      **kwargs)
-
-
-@pytest.fixture
-def checked_steps(monkeypatch):
-    """Engine.step followed by check_kv (every request's KV pages match its committed length)."""
-    real_step = engine_module.Engine.step
-
-    def step(self):
-        out = real_step(self)
-        self.check_kv()
-        return out
-    monkeypatch.setattr(engine_module.Engine, "step", step)
 
 
 def forced_now(grammar, output, limit):
