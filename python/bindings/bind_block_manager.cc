@@ -139,6 +139,13 @@ void bind_block_manager(py::module_& m) {
            py::arg("seq"), py::arg("tokens"), py::arg("max_tokens"), model0,
            "For a sequence with no KV for the model: adopts the pages of the longest registered prefix of "
            "`tokens` (whole blocks, at most max_tokens tokens); returns its length (its committed length now).")
+      .def("cached_prefix",
+           [](BM& b, const InArray<int32_t>& tokens, int64_t max_tokens, const ModelArg& mi) {
+             return b.get().cached_prefix(b.model(mi), as_span(tokens, "tokens"), max_tokens);
+           },
+           py::arg("tokens"), py::arg("max_tokens"), model0,
+           "The tokens match_prefix would adopt for `tokens` now (whole blocks, at most max_tokens), adopting "
+           "nothing.")
       .def("cache_blocks",
            [](BM& b, SeqId s, const InArray<int32_t>& tokens, const ModelArg& mi) {
              check(b.get().cache_blocks(s, b.model(mi), as_span(tokens, "tokens")));

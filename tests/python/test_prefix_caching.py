@@ -167,6 +167,9 @@ def test_block_manager_prefix_api_errors():
     bm.commit(1, 8)
     bm.cache_blocks(1, list(range(8)))
     bm.add_sequence(2)
+    assert bm.cached_prefix(list(range(9)), 8) == 8 and bm.cached_prefix(list(range(9)), 7) == 4
+    assert bm.cached_prefix([5] * 9, 8) == 0
+    assert bm.prefix_cache_stats["hit_pages"] == 0  # (a look, not an adoption)
     assert bm.match_prefix(2, list(range(9)), 8) == 8
     assert bm.pages(2).tolist() == bm.pages(1).tolist()
     with pytest.raises(specd.FailedPreconditionError, match="empty sequence"):
