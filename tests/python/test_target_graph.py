@@ -15,6 +15,7 @@ from specd import errors
 from specd.engine import batch_verify, model_runner
 from specd.engine.params import SamplingParams
 from specd.engine.policy import Decision, StaticPolicy
+from specd.engine.structured_outputs import structured_outputs_available
 from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
 from specd.verification import TokenTree
 from test_engine import prompts_of_mixed_lengths, self_draft
@@ -146,7 +147,9 @@ def test_engine_greedy_with_target_graph_equals_plain_decoding(pair, monkeypatch
     target, draft, prompts, baseline = pair
     llm = make_llm(target, draft, spec, target_graph=True)
     assert isinstance(llm.target_graph, TargetGraphRunner) and llm.engine.target_graph is llm.target_graph
-    assert llm.target_graph.config.max_query == 1 + (6 if spec == "ngram-tree" else 3)
+    # room for the speculation's largest tree, and for a jump-forward chain where xgrammar is installed
+    jump = llm.speculation.jump_forward_tokens if structured_outputs_available() else 0
+    assert llm.target_graph.config.max_query == 1 + max(6 if spec == "ngram-tree" else 3, jump)
     calls = _Calls()
     checked_run_target(monkeypatch, calls)
     outs = llm.generate(prompts, greedy_params(len(prompts)))
@@ -313,8 +316,11 @@ def test_target_graph_option_errors(pair):
     with pytest.raises(errors.InvalidArgumentError, match="float32 only"):
         specd.LLM(target, dtype="bfloat16", target_graph=True)
     assert specd.LLM(target).target_graph is None  # default: off on a CPU
-    plain = specd.LLM(target, target_graph=True)  # no speculation: q = 1
-    assert plain.target_graph.config.max_query == 1 and plain.target_graph.config.buckets == ()
+    plain = specd.LLM(target, target_graph=True)  # no speculation: q = 1, or a jump-forward chain
+    jump = plain.speculation.jump_forward_tokens if structured_outputs_available() else 0
+    assert plain.target_graph.config.max_query == 1 + jump and plain.target_graph.config.buckets == ()
+    off = specd.LLM(target, None, specd.SpeculationConfig(jump_forward_tokens=0), target_graph=True)
+    assert off.target_graph.config.max_query == 1
     with pytest.raises(errors.InvalidArgumentError, match="capture"):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=2, max_blocks=4, capture=True))
     with pytest.raises(errors.InvalidArgumentError, match="invalid TargetGraphConfig"):
