@@ -150,6 +150,7 @@ def test_engine_greedy_with_target_graph_equals_plain_decoding(pair, monkeypatch
     # room for the speculation's largest tree, and for a jump-forward chain where xgrammar is installed
     jump = llm.speculation.jump_forward_tokens if structured_outputs_available() else 0
     assert llm.target_graph.config.max_query == 1 + max(6 if spec == "ngram-tree" else 3, jump)
+    assert llm.target_graph.config.capture_query == 1 + (6 if spec == "ngram-tree" else 3)  # (captured up front)
     calls = _Calls()
     checked_run_target(monkeypatch, calls)
     outs = llm.generate(prompts, greedy_params(len(prompts)))
@@ -320,11 +321,13 @@ def test_target_graph_option_errors(pair):
     jump = plain.speculation.jump_forward_tokens if structured_outputs_available() else 0
     assert plain.target_graph.config.max_query == 1 + jump and plain.target_graph.config.buckets == ()
     off = specd.LLM(target, None, specd.SpeculationConfig(jump_forward_tokens=0), target_graph=True)
-    assert off.target_graph.config.max_query == 1
+    assert off.target_graph.config.max_query == 1 and plain.target_graph.config.capture_query == 1
     with pytest.raises(errors.InvalidArgumentError, match="capture"):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=2, max_blocks=4, capture=True))
     with pytest.raises(errors.InvalidArgumentError, match="invalid TargetGraphConfig"):
         TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=0, max_blocks=4))
+    with pytest.raises(errors.InvalidArgumentError, match="invalid TargetGraphConfig"):
+        TargetGraphRunner(plain.target, plain.pool, TargetGraphConfig(max_query=2, max_blocks=4, capture_query=0))
 
 
 def test_kernel_choice_reaches_every_kernel_attention_and_draft_sampling(pair, monkeypatch):

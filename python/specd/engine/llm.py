@@ -277,8 +277,10 @@ class LLM:
 
     def capture_cuda_graphs(self, sampling: bool = False) -> dict:
         """Captures, now, every CUDA graph the graph runners would otherwise capture on first
-        use: each batch bucket with every verify length (target) and every catch-up width and
-        draft step (draft), for greedy rows (and sampled rows with ``sampling=True``). A server
+        use: each batch bucket with every verify length the speculation plans (target) and
+        every catch-up width and draft step (draft), for greedy rows (and sampled rows with
+        ``sampling=True``). Longer jump-forward chains (structured outputs) are captured when
+        a request first has one. A server
         calls this at start-up so that no request waits for a capture; benchmarks call it
         before timing. Returns ``{"graphs": number captured by this call, "seconds": ...}``;
         nothing to do (0 graphs) without runners or on the CPU."""
@@ -316,14 +318,15 @@ class LLM:
         from specd.engine.target_graph import TargetGraphConfig, TargetGraphRunner
 
         k = speculation.k
-        # root + the most draft nodes a request reserves (a jump-forward chain included)
-        max_query = 1 + max(k, speculation.tree_nodes(k), speculation.draft_tree_nodes(k),
-                            self._jump_forward_tokens)
+        # root + the most draft nodes a request reserves (a jump-forward chain included; its
+        # lengths beyond the speculation's are captured when first run)
+        planned = 1 + max(k, speculation.tree_nodes(k), speculation.draft_tree_nodes(k))
+        max_query = max(planned, 1 + self._jump_forward_tokens)
         on_gpu = self.target.device.type == "cuda"
         width = self.pool.blocks.pages_for_tokens(self.max_model_len + max_query, model=TARGET)
         runner = TargetGraphRunner(self.target, self.pool, TargetGraphConfig(
             max_query=max_query, max_blocks=width, buckets=power_of_two_buckets(max_num_seqs) if on_gpu else (),
-            max_tokens=max(max_num_batched_tokens, max_query)))
+            max_tokens=max(max_num_batched_tokens, max_query), capture_query=planned))
         self.engine.target_graph = runner
         return runner
 

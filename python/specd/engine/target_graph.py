@@ -76,6 +76,10 @@ class TargetGraphConfig:
     max_tokens: the most padded query rows (bucket x q) a step may have; more run the plain
         path. Bounds the shared logits buffer of the graphs (max_tokens x vocab, logits_dtype).
         None: no bound (the last bucket x max_query).
+    capture_query: ``capture_all`` captures q = 1..capture_query; longer ones (up to
+        max_query) are captured when first run. None: max_query. (LLM: the speculation's own
+        largest tree; jump-forward chains of structured outputs, which may be longer, are
+        captured when a request first has one.)
     """
 
     max_query: int
@@ -83,6 +87,7 @@ class TargetGraphConfig:
     buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     capture: Optional[bool] = None
     max_tokens: Optional[int] = None
+    capture_query: Optional[int] = None
 
 
 class _Buffers(PackedStaging):
@@ -126,7 +131,8 @@ class TargetGraphRunner:
         if reason is not None:
             raise InvalidArgumentError(f"the target graph cannot run this target model: {reason}")
         if (config.max_query < 1 or config.max_blocks < 1 or any(b < 1 for b in config.buckets)
-                or (config.max_tokens is not None and config.max_tokens < 1)):
+                or (config.max_tokens is not None and config.max_tokens < 1)
+                or (config.capture_query is not None and config.capture_query < 1)):
             raise InvalidArgumentError(f"invalid TargetGraphConfig {config}")
         self.model, self.pool, self.config = model, pool, config
         self.device = model.device
@@ -183,15 +189,16 @@ class TargetGraphRunner:
         return logits[:rows]
 
     def capture_all(self, sampling_modes: Sequence[bool] = (False,)) -> int:
-        """Captures the graph of every (bucket, q) a run can use (q = 1..max_query, within
+        """Captures the graph of every (bucket, q) a run can use (q = 1..capture_query, within
         max_tokens) that is not captured yet; returns how many it captured. Verification reads
         the logits whatever the sampling, so ``sampling_modes`` changes nothing here (the
         argument matches DraftGraphRunner.capture_all)."""
         if not self.capture:
             raise InvalidArgumentError("capture_all: this runner does not capture CUDA graphs")
         before = len(self._graphs)
+        last = min(self.config.max_query, self.config.capture_query or self.config.max_query)
         for batch in self.config.buckets:
-            for q in range(1, self.config.max_query + 1):
+            for q in range(1, last + 1):
                 if self.config.max_tokens is None or batch * q <= self.config.max_tokens:
                     self._graph(batch, q)
         return len(self._graphs) - before
