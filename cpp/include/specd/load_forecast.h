@@ -25,9 +25,10 @@
 // - the current batch before kMinArrivals arrivals or before the target has cost data
 //   (kMinArrivals = 16: a Poisson process bunches its first few arrivals often enough that a
 //   rate from three of them forecast the batch limit at the start of a run of 23.9
-//   requests/s whose batch stayed near 25; at that batch drafting did not pay, so the draft
-//   did not prefill the prompts admitted then, and those requests, their catch-ups growing
-//   with every token, never drafted: 1.20x the best static k's latency, 0.98x with 16);
+//   requests/s whose plain-decoding batch stayed near 25; at that batch drafting did not
+//   pay, so the draft did not prefill the prompts admitted then, and those requests, their
+//   catch-ups growing with every token, never drafted: 1.20x the best static k's latency,
+//   0.98x with 16);
 // - otherwise the fixed point, clamped to [current batch, batch limit].
 #pragma once
 
