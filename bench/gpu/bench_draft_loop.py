@@ -189,8 +189,8 @@ class DraftProbe:
     def reset(self, enabled: bool) -> None:
         self.enabled, self.seen, self.samples = enabled, 0, []
 
-    def __call__(self, model, pool, items, on_forward=None, graph=None):
-        return self._probe(items, lambda timed: self.real(model, pool, items, timed, graph), on_forward)
+    def __call__(self, model, pool, items, on_forward=None, graph=None, **options):
+        return self._probe(items, lambda timed: self.real(model, pool, items, timed, graph, **options), on_forward)
 
     def _probe(self, items, call, on_forward):
         """``call(on_forward)`` makes the draft call of ``items``."""
@@ -247,8 +247,9 @@ class DraftProbe:
 class TreeProbe(DraftProbe):
     """DraftProbe around draft_tree.run_draft_tree (the engine's draft-model tree calls)."""
 
-    def __call__(self, model, pool, items, width, on_forward=None, size=None, graph=None):
-        return self._probe(items, lambda timed: self.real(model, pool, items, width, timed, size, graph), on_forward)
+    def __call__(self, model, pool, items, width, on_forward=None, size=None, graph=None, **options):
+        return self._probe(items, lambda timed: self.real(model, pool, items, width, timed, size, graph, **options),
+                           on_forward)
 
 
 class RunnerProbe:

@@ -267,7 +267,7 @@ def bench_sampling(s: Setup) -> list[dict]:
         for dtype in dtypes:
             logits = logits32.to(dtype)
             tokens, status = ops.sample_tokens(logits, params, keys)
-            probs, _ = ops.sampling_probs(logits, params)
+            probs, _ = ops.sampling_probs(logits, params, False, None)
             ref = row_sampling_probs(logits.float(), rp)
             greedy_ok = torch.equal(tokens[temp == 0].long(), logits.float()[temp == 0].argmax(-1))
             err = float((probs.double() - ref).abs().max())
@@ -295,7 +295,7 @@ def bench_sampling(s: Setup) -> list[dict]:
                                clustered, f"statuses equal={torch.equal(g_status, c_status)}, tokens equal the CPU's="
                                f"{torch.equal(g_tokens.cpu(), cpu_tokens)}", read, "one read of the logits"))
             if mode == "mixed":
-                out.append(row(s, "sampling_probs", shape, s.measure(lambda: ops.sampling_probs(logits, params)),
+                out.append(row(s, "sampling_probs", shape, s.measure(lambda: ops.sampling_probs(logits, params, False, None)),
                                "torch batched rows", s.measure(lambda: row_sampling_probs(logits, rp)), check,
                                read + n * s.vocab * 4, "logits read + fp32 probs written"))
                 if dtype == torch.float32:
@@ -321,7 +321,7 @@ def bench_sampling(s: Setup) -> list[dict]:
             logits = logits32[:rows_n].to(torch.bfloat16)
             k_rows = keys[:rows_n].contiguous()
             tokens, probs, status = ops.sample_tokens_and_probs(logits, params, k_rows)
-            want, _ = ops.sampling_probs(logits, params)
+            want, _ = ops.sampling_probs(logits, params, False, None)
             check = f"status ok={not bool(status.any())}, probs equal sampling_probs={torch.equal(probs, want)}"
             shape = f"{rows_n} x {s.vocab} bf16, {mode}"
             specd = s.measure(lambda: ops.sample_tokens_and_probs(logits, params, k_rows))
@@ -332,9 +332,9 @@ def bench_sampling(s: Setup) -> list[dict]:
             # The draft graph's form: the rows written into its buffer, against the functional
             # op plus the copy the graph made before.
             buf = torch.empty_like(probs)
-            into = s.measure(lambda: ops.sample_tokens_and_probs_out(logits, params, k_rows, buf))
+            into = s.measure(lambda: ops.sample_tokens_and_probs_out(logits, params, k_rows, buf, False, False, None))
             then_copy = s.measure(lambda: buf.copy_(ops.sample_tokens_and_probs(logits, params, k_rows)[1]))
-            ops.sample_tokens_and_probs_out(logits, params, k_rows, buf)
+            ops.sample_tokens_and_probs_out(logits, params, k_rows, buf, False, False, None)
             out.append(row(s, "sample_tokens_and_probs_out", shape, into, "functional op + copy into the buffer",
                            then_copy, f"rows equal the functional op's={torch.equal(buf, probs)}",
                            rows_n * s.vocab * (esize(torch.bfloat16) + 4), "logits read + fp32 probs written"))

@@ -9,7 +9,7 @@
 #                      the version pyproject pins. The Python package runs from a private copy
 #                      of python/specd with the built _core (nothing is installed).
 #   2 ctest  (~2-3 min) ctest -R Cuda (the GPU-vs-CPU C++ tests of every kernel)
-#   3 pytest (~2-3 min) the Python GPU tests: ops on cuda vs cpu (layer ops included), draft graph replay vs eager
+#   3 pytest (~2-4 min, -v so a timed-out run still shows each result) the Python GPU tests: ops on cuda vs cpu (layer ops included), draft graph replay vs eager
 #                      and without host sync, slot mapping / KV kernels on cuda, the statistical
 #                      losslessness tests on the GPU path (test_gpu_statistics.py), graphs captured up
 #                      front and the CLI on cuda (test_serving_setup.py), the engine's batched
@@ -18,7 +18,9 @@
 #                      the draft forward compiled by inductor (test_compile.py), 16-bit logits
 #                      (test_logits_dtype.py), logprobs and logits processors through the graph runners,
 #                      the HTTP server replaying CUDA graphs from its engine thread (test_serve.py; needs fastapi),
-#                      prefix caching with the graph runners (test_prefix_caching.py)
+#                      prefix caching with the graph runners (test_prefix_caching.py), tree-path compaction
+#                      (test_kv_pool_compact.py), one-copy uploads (test_uploads.py), the package's CUDA
+#                      queries (test_package.py), structured outputs' GPU masking (test_structured_outputs.py; needs xgrammar)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
@@ -102,7 +104,7 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  build : cmake -S $ROOT -B $BUILD -DSPECD_CUDA=ON -DSPECD_BUILD_PYTHON=ON -DSPECD_BUILD_TESTS=<if GoogleTest>" \
        "-DCMAKE_CUDA_ARCHITECTURES=native; GoogleTest sources: $(gtest_source || true)"
   echo "  ctest : ctest --test-dir $BUILD -R Cuda"
-  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype,test_logprobs,test_logits_processors,test_serve}.py -k 'gpu or cuda'"
+  echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype,test_logprobs,test_logits_processors,test_serve,test_prefix_caching,test_kv_pool_compact,test_package,test_uploads,test_structured_outputs}.py -k 'gpu or cuda'"
   echo "  timeline (opt-in): bench/gpu/step_timeline.py (engine steps under torch.profiler)"
   echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
@@ -167,7 +169,7 @@ fi
 
 if [[ " $STAGES " == *" pytest "* ]]; then
   : > "$OUT_DIR/pytest.log"
-  stage pytest pytest 240 "$PYTHON" -m pytest -q -p no:cacheprovider -k "gpu or cuda" \
+  stage pytest pytest 270 "$PYTHON" -m pytest -v -p no:cacheprovider -k "gpu or cuda" \
     "$ROOT/tests/python/test_ops.py" "$ROOT/tests/python/test_draft_graph.py" \
     "$ROOT/tests/python/test_kv_kernels.py" "$ROOT/tests/python/test_slot_mapping.py" \
     "$ROOT/tests/python/test_gpu_statistics.py" "$ROOT/tests/python/test_target_graph.py" \
@@ -176,7 +178,8 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_timer.py" "$ROOT/tests/python/test_compile.py" \
     "$ROOT/tests/python/test_logits_dtype.py" "$ROOT/tests/python/test_logprobs.py" \
     "$ROOT/tests/python/test_logits_processors.py" "$ROOT/tests/python/test_serve.py" \
-    "$ROOT/tests/python/test_prefix_caching.py"
+    "$ROOT/tests/python/test_prefix_caching.py" "$ROOT/tests/python/test_kv_pool_compact.py" \
+    "$ROOT/tests/python/test_package.py" "$ROOT/tests/python/test_uploads.py"
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 

@@ -4,6 +4,7 @@ written in place (strided pool views, 16-bit dtypes), bad arguments raise Invali
 and torch.library.opcheck accepts every op's registration (schema, fake, aot dispatch).
 GPU tests (the op on cuda equals the op on cpu) skip without a CUDA device."""
 
+import inspect
 import numpy as np
 import pytest
 import torch
@@ -709,11 +710,23 @@ def to(device, args):
     return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
 
 
+def every_arg(op, args, **kwargs):
+    """``args`` and ``kwargs`` as every parameter of ``op``, positionally, defaults filled in.
+    Torch before 2.13 bumps the versions of an op's mutated arguments by their schema index
+    among the arguments as passed, so an optional mutated argument left to its default (the
+    sampling ops' ``totals``) fails with an IndexError there; 2.13 fills the defaults first.
+    The GPU tests pass every argument so that they also run where the lent GPU machine has an
+    older torch (2.11 in the seventh GPU session)."""
+    bound = inspect.signature(op._init_fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.args
+
+
 @pytest.mark.parametrize("index", [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 19, 20])
 def test_gpu_op_equals_cpu_op_exactly(cuda, index):
     op, args = opcheck_samples()[index]
     cpu_args, gpu_args = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args), to(cuda, args)
-    want, got = op(*cpu_args), op(*gpu_args)
+    want, got = op(*every_arg(op, cpu_args)), op(*every_arg(op, gpu_args))
     torch.cuda.synchronize()
     for w, g in zip(want if isinstance(want, tuple) else (want,) * (want is not None),
                     got if isinstance(got, tuple) else (got,) * (got is not None)):
@@ -768,8 +781,8 @@ def test_gpu_cluster_rows_equals_cpu_op(cuda, name):
     args = (logits, params) if name == "sampling_probs" else (logits, params, keys)
     if name == "sample_tokens_and_probs_out":
         args = args + (torch.zeros(len(PARAMS), 151_936),)
-    want = op(*args)
-    got = op(*to(cuda, args), cluster=True)
+    want = op(*every_arg(op, args))
+    got = op(*every_arg(op, to(cuda, args), cluster=True))
     torch.cuda.synchronize()
     for w, g in zip(want, got):
         if w.dtype == torch.float32:

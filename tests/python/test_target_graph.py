@@ -508,13 +508,13 @@ def test_gpu_graph_replay_equals_eager_forward_without_host_sync(pair, monkeypat
         buckets=graph_runner.config.buckets, capture=False))
     real_run, checked = graph_runner.run, []
 
-    def run(items, trees):
-        want = eager_runner.run(items, trees).clone()
+    def run(items, trees, drafts=None):  # drafts: a draft-model step's chains kept on the device
+        want = eager_runner.run(items, trees, drafts).clone()
         graph_runner._graph(graph_runner.bucket(len(items)), graph_runner.query_len(items, trees))  # capture first
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            got = real_run(items, trees)  # fill + replay: no host sync allowed
+            got = real_run(items, trees, drafts)  # fill + replay: no host sync allowed
         finally:
             torch.cuda.set_sync_debug_mode(0)
         assert got.shape == want.shape
