@@ -1,0 +1,25 @@
+"""run.sh's bench stage programs (bench/gpu/bench_kernels.py, bench/gpu/bench_draft_loop.py)
+run through on the CPU references (--smoke-cpu: tiny float32 cases) with no failed case and
+write their JSON. The seventh GPU session lost its draft-loop rows to a draft-call option the
+script's probes did not pass on: a smoke run shows such breaks before a GPU is lent."""
+
+import json
+
+from bench_scripts import REPO, load_script
+
+
+def test_bench_kernels_runs_every_case_on_the_cpu(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench" / "gpu"))  # its cases import neighbours when they run
+    script = load_script("bench/gpu/bench_kernels.py")
+    assert script.main(["--smoke-cpu", "--quick", "--out", str(tmp_path)]) == 0
+    assert "FAILED" not in capsys.readouterr().out
+    rows = json.loads((tmp_path / "bench_kernels.json").read_text())
+    assert rows
+
+
+def test_bench_draft_loop_runs_every_mode_on_the_cpu(tmp_path, capsys):
+    script = load_script("bench/gpu/bench_draft_loop.py")
+    assert script.main(["--smoke-cpu", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "FAILED" not in out and " 0 failed" in out
+    assert json.loads((tmp_path / "bench_draft_loop.json").read_text())
