@@ -387,8 +387,11 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
                                       max_num_seqs=batch, max_model_len=2048,
                                       num_kv_pages=4096 if target.device.type == "cuda" else 256, target_graph=True,
                                       fused_layers=layers == "fused")
-        result["same_as_plain_with_kernel_attention"] = (
-            [o.token_ids for o in plain.generate(prompts[:batch], params)] == [o.token_ids for o in outs])
+        plain_params = replace(params, logprobs=2)  # the top two at each position: how near a tie
+        plain_outs = plain.generate(prompts[:batch], plain_params)
+        result["same_as_plain_with_kernel_attention"] = [o.token_ids for o in plain_outs] == [o.token_ids for o in outs]
+        if not result["same_as_plain_with_kernel_attention"]:
+            result["divergences"] = divergences([o.token_ids for o in outs], plain_outs)
         del plain
     if draft.device.type == "cuda" and mode in STEP_IDLE_MODES:
         # One more run under the profiler: the GPU's busy time over the same steps (greedy, so
@@ -403,6 +406,24 @@ def run_mode(mode, layers, target, draft, prompts, batch, k, max_tokens, probe: 
     result.update(probe.summary())
     result.update(loop_probe.summary())
     return result, [o.token_ids for o in outs]
+
+
+def divergences(spec_tokens: list[list[int]], plain_outs) -> list[dict]:
+    """Where each request's speculative tokens first differ from plain decoding's, and the gap
+    (nats) between plain decoding's two most likely tokens there (its outputs carry the top two
+    logprobs). A gap within the logits' rounding (bfloat16 keeps 8 significant bits) says the
+    two runs' numerics, not a rule, chose differently."""
+    out = []
+    for r, (got, plain) in enumerate(zip(spec_tokens, plain_outs)):
+        want = plain.token_ids
+        i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if i is None:
+            if len(got) != len(want):
+                out.append({"request": r, "index": min(len(got), len(want)), "top2_gap": None})
+            continue
+        top = sorted((lp.logprob for lp in plain.logprobs[i].values()), reverse=True)
+        out.append({"request": r, "index": i, "top2_gap": top[0] - top[1] if len(top) > 1 else None})
+    return out
 
 
 def fmt(x, width, digits=1) -> str:
@@ -430,7 +451,10 @@ def print_row(r: dict) -> None:
           f"{fmt(r.get('gpu_idle_us_per_engine_step'), 16)} {r['draft_share']:>11.2f} {r['tokens_per_s']:>8.1f}  "
           f"{r['same_outputs_as_first_mode']}"
           + (f" (equal to plain decoding with kernel attention: {r['same_as_plain_with_kernel_attention']})"
-             if "same_as_plain_with_kernel_attention" in r else ""), flush=True)
+             if "same_as_plain_with_kernel_attention" in r else "")
+          + "".join(f"; request {d['request']} from token {d['index']}"
+                    + (f", plain's top-2 gap there {d['top2_gap']:.4f} nats" if d["top2_gap"] is not None else "")
+                    for d in r.get("divergences", [])), flush=True)
 
 
 def parse_kernels(text: str) -> dict:

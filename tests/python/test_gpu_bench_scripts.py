@@ -23,3 +23,17 @@ def test_bench_draft_loop_runs_every_mode_on_the_cpu(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "FAILED" not in out and " 0 failed" in out
     assert json.loads((tmp_path / "bench_draft_loop.json").read_text())
+
+
+def test_divergences_name_the_first_differing_token_and_plain_decodings_margin_there():
+    from types import SimpleNamespace
+
+    from specd.engine.logprobs import Logprob
+
+    script = load_script("bench/gpu/bench_draft_loop.py")
+    top = [{5: Logprob(-0.1, 1), 6: Logprob(-0.4, 2)}, {7: Logprob(-0.50, 1), 8: Logprob(-0.52, 2)}]
+    plain = [SimpleNamespace(token_ids=[5, 7], logprobs=top), SimpleNamespace(token_ids=[5, 7], logprobs=top),
+             SimpleNamespace(token_ids=[5, 7, 9], logprobs=top + [{9: Logprob(0.0, 1)}])]
+    got = script.divergences([[5, 8], [5, 7], [5, 7]], plain)
+    assert [(d["request"], d["index"]) for d in got] == [(0, 1), (2, 2)]
+    assert abs(got[0]["top2_gap"] - 0.02) < 1e-9 and got[1]["top2_gap"] is None
