@@ -15,7 +15,7 @@ profiles exactly one launch per case and its report names the case in the NVTX s
                     draft loop's call)
   temperature_gumbel, top_p_gumbel, draft_row_gumbel
                     temperature, top_p and draft_row with the Gumbel-max draw (gumbel=True;
-                    written in the eighteenth session, not yet run on a GPU)
+                    first timed on an H200 in the seventh GPU session)
 
 Usage (the GPU machine): ``ncu --clock-control none --nvtx --nvtx-include "profile/" --section
 SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks cases.
@@ -23,8 +23,8 @@ SpeedOfLight ... python bench/gpu/profile_sampling.py``; ``--cases a,b`` picks c
 events around runs of ``--calls`` calls, the median of ``--reps`` runs, one line per case.
 The calls are eager, so each also pays the op's host work (about 75 µs on the H100 host):
 calls shorter than that measure the host. ``--graph`` captures the ``--calls`` calls in one
-CUDA graph and times its replays instead: device time alone (written after the sixth GPU
-session; not yet run on a GPU).
+CUDA graph and times its replays instead: device time alone (first run on an H200 in the
+seventh GPU session: docs/benchmarks.md).
 Here:
 ``--smoke-cpu`` runs every case at a tiny vocabulary on the CPU references (checks the script;
 profiles nothing), ``--dry-run`` lists the cases.

@@ -37,3 +37,17 @@ def test_divergences_name_the_first_differing_token_and_plain_decodings_margin_t
     got = script.divergences([[5, 8], [5, 7], [5, 7]], plain)
     assert [(d["request"], d["index"]) for d in got] == [(0, 1), (2, 2)]
     assert abs(got[0]["top2_gap"] - 0.02) < 1e-9 and got[1]["top2_gap"] is None
+
+
+def test_batch_invariance_compares_every_product_against_its_row_alone(tmp_path, capsys):
+    script = load_script("bench/gpu/batch_invariance.py")
+    out = tmp_path / "bi.json"
+    assert script.main(["--smoke-cpu", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["products"]) == set(script.SMOKE_PRODUCTS)
+    for product in result["products"].values():
+        diffs = product["max_abs_diff_by_rows"]
+        assert set(map(int, diffs)) == set(script.ROWS)
+        assert diffs["1"] == 0.0  # the row alone against itself
+        assert all(d < 1e-5 for d in diffs.values())  # rounding, not another result
+    assert "every product batch-invariant: " in capsys.readouterr().out
