@@ -127,6 +127,15 @@ Status StepPlanner::cached_prefix(RequestId id, int64_t* target, int64_t* draft)
   return Status::Ok();
 }
 
+Status StepPlanner::candidate_work(RequestId id, int64_t* base_tokens, int64_t* draft_catch_up) const {
+  int64_t cached_t = 0, cached_d = 0;
+  SPECD_RETURN_IF_ERROR(cached_prefix(id, &cached_t, &cached_d));
+  const SequenceState& st = seqs_.at(id).state;
+  *base_tokens = st.length - std::max(st.computed_target, cached_t);
+  *draft_catch_up = st.length - std::max(st.computed_draft, cached_d);
+  return Status::Ok();
+}
+
 bool StepPlanner::plan_item(const Sequence& s, int32_t budget, const PlannedDecision* d, WorkPlan* item) const {
   if (budget <= 0) return false;
   const SequenceState& st = s.state;

@@ -102,12 +102,11 @@ int main() {
       const Request& r = requests.at(id);
       const int64_t room = r.max_new - r.generated;
       // A waiting request's work is what it will compute after adopting its cached prefix.
-      int64_t cached_t = 0, cached_d = 0;
-      if (auto s = planner.cached_prefix(id, &cached_t, &cached_d); !s.ok()) return fail(s, "cached_prefix"), 1;
-      const int64_t computed_t = std::max(r.computed_t, cached_t), computed_d = std::max(r.computed_d, cached_d);
-      batch.push_back(specd::ControllerRequest{id, static_cast<int32_t>(r.length() - computed_t),
+      int64_t base = 0, catch_up = 0;
+      if (auto s = planner.candidate_work(id, &base, &catch_up); !s.ok()) return fail(s, "candidate_work"), 1;
+      batch.push_back(specd::ControllerRequest{id, static_cast<int32_t>(base),
                                                static_cast<int32_t>(std::min<int64_t>(k_max, room - 1)),
-                                               static_cast<int32_t>(r.length() - computed_d), room});
+                                               static_cast<int32_t>(catch_up), room});
     }
     std::vector<specd::ControllerDecision> decisions;
     if (auto s = controller.decide(batch, &decisions); !s.ok()) return fail(s, "decide"), 1;

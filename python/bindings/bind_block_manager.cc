@@ -339,6 +339,16 @@ void bind_block_manager(py::module_& m) {
           py::arg("request"),
           "(target, draft): the KV tokens a waiting request would adopt from the prefix cache if admitted now "
           "(0, 0 for a running one).")
+      .def(
+          "candidate_work",
+          [](const StepPlanner& p, int64_t id) {
+            int64_t base = 0, catch_up = 0;
+            check(p.candidate_work(id, &base, &catch_up));
+            return py::make_tuple(base, catch_up);
+          },
+          py::arg("request"),
+          "(base_tokens, draft_catch_up) the policy is told: the length less the committed target / draft KV, "
+          "a waiting request's taken as at least what it would adopt from the prefix cache.")
       .def("plan",
            [](StepPlanner& p, const std::vector<int64_t>& ids, const std::vector<int32_t>& ks,
               const std::vector<int32_t>& kinds) {

@@ -213,6 +213,15 @@ TEST(StepPlanner, AdmissionAdoptsTheCachedPrefixForTargetAndDraft) {
   SPECD_ASSERT_OK(p.cached_prefix(1, &cached_t, &cached_d));
   EXPECT_EQ(cached_t + cached_d, 0);
   SPECD_EXPECT_CODE(p.cached_prefix(99, &cached_t, &cached_d), kNotFound);
+  // The policy's view: b's 25 tokens less the 16 it adopts; a's length less its KV.
+  int64_t base = -1, catch_up = -1;
+  SPECD_ASSERT_OK(p.candidate_work(2, &base, &catch_up));
+  EXPECT_EQ(base, 25 - 16);
+  EXPECT_EQ(catch_up, 25 - 16);
+  SPECD_ASSERT_OK(p.candidate_work(1, &base, &catch_up));
+  EXPECT_EQ(base, a.r.length - a.r.computed_t);
+  EXPECT_EQ(catch_up, a.r.length - a.r.computed_d);
+  SPECD_EXPECT_CODE(p.candidate_work(99, &base, &catch_up), kNotFound);
   StepPlan plan;
   SPECD_ASSERT_OK(p.plan(std::vector<PlannedDecision>{{2, 2, ProposalKind::kDraftModel}}, &plan));
   ASSERT_EQ(plan.admitted, (std::vector<RequestId>{2}));
@@ -249,6 +258,9 @@ TEST(StepPlanner, PrefixCacheOptOutPreemptionAndFinish) {
   int64_t cached_t = -1, cached_d = -1;
   SPECD_ASSERT_OK(p.cached_prefix(2, &cached_t, &cached_d));
   EXPECT_EQ(cached_t, 0);  // opted out
+  int64_t base = -1, catch_up = -1;
+  SPECD_ASSERT_OK(p.candidate_work(2, &base, &catch_up));
+  EXPECT_EQ(base, 14);  // its whole prompt
   StepPlan plan;
   SPECD_ASSERT_OK(p.plan({}, &plan));
   ASSERT_EQ(plan.items.size(), 1u);

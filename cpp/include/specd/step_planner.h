@@ -137,6 +137,11 @@ class StepPlanner {
   // request added with use_prefix_cache = false). The policy is told a waiting request's
   // work net of it (a prompt mostly cached costs little to admit). Unknown ids: an error.
   Status cached_prefix(RequestId id, int64_t* target, int64_t* draft) const;
+  // What a candidate brings to the step, as the policy is told it (ControllerRequest's
+  // base_tokens and draft_catch_up): its length less its committed target / draft KV, where
+  // a waiting request's committed KV is taken as at least what it would adopt from the prefix
+  // cache (cached_prefix). From the last sync. Unknown ids: an error.
+  Status candidate_work(RequestId id, int64_t* base_tokens, int64_t* draft_catch_up) const;
   Status plan(Span<const PlannedDecision> decisions, StepPlan* out);
 
   const std::vector<RequestId>& running() const { return running_; }

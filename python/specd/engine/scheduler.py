@@ -132,14 +132,10 @@ class Scheduler:
         return {**self.planner.prefix_hit_stats, **self.blocks.prefix_cache_stats}
 
     def _step_request(self, req: Request, room: int) -> StepRequest:
-        length = req.length
-        computed = req.computed
-        if self.prefix_caching and not req.in_blocks:  # a waiting request: what it would adopt is not work
-            cached = self.planner.cached_prefix(req.id)
-            computed = [max(computed[TARGET], cached[TARGET]), max(computed[DRAFT], cached[DRAFT])]
-        return StepRequest(req, base_tokens=length - computed[TARGET],
-                           k_max=max(0, min(self.config.k_max, room - 1)),
-                           draft_catch_up=length - computed[DRAFT], remaining_tokens=room)
+        # From the planner's synced state: a waiting request's work is net of its cached prefix.
+        base_tokens, draft_catch_up = self.planner.candidate_work(req.id)
+        return StepRequest(req, base_tokens=base_tokens, k_max=max(0, min(self.config.k_max, room - 1)),
+                           draft_catch_up=draft_catch_up, remaining_tokens=room)
 
     def schedule(self) -> list[WorkItem]:
         # The planner keeps each request's last synced state. Running requests change every
