@@ -1,8 +1,8 @@
 #include "specd/cuda/verify.h"
 
-#include "detail/cluster_block.cuh"
 #include "detail/cluster_launch.cuh"
-#include "detail/device_block.cuh"
+#include "detail/verify_config.cuh"
+#include "detail/verify_logits_launch.h"
 #include "specd/detail/logit_rows.h"
 #include "specd/detail/serial_block.h"
 #include "specd/detail/verify_walk.h"
@@ -10,22 +10,6 @@
 namespace specd::cuda {
 namespace {
 
-constexpr int kThreads = 256;         // stochastic: threads per request (fixes its sums' order)
-constexpr int kGreedyThreads = 1024;  // greedy from logits: the argmax does not depend on it
-constexpr int kTokensThreads = 128;   // greedy tokens: requests per block, one thread each
-// Stochastic, a cluster per request: blocks per SM the registers must allow (80 registers:
-// 64 requests' 512 blocks in 1.3 waves on an H100, the configuration timed there; left to
-// itself ptxas takes 127 since the row options, 2 blocks per SM).
-constexpr int kStochasticClusterMinBlocks = 3;
-using Block = detail::DeviceBlock<kThreads>;
-using ClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks>;
-// From logits: the row plan's radix selections (top-k / top-p) keep their candidates once they
-// fit, as in the sampling kernels (32 KiB of shared memory per block), so their later levels
-// read the cache instead of the row. The sums fold as without it.
-constexpr int kPlanCache = 2048;
-using PlanBlock = detail::DeviceBlock<kThreads, kPlanCache>;
-using PlanClusterBlk = detail::ClusterBlock<kThreads, kRowSplitClusterBlocks, kPlanCache>;
-using GreedyBlock = detail::DeviceBlock<kGreedyThreads>;
 using specd::detail::Emitter;
 using specd::detail::RequestNodes;
 
@@ -95,49 +79,6 @@ __global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
 #endif
 }
 
-// From the target's logits (verify_batch.h, TargetLogits): each visited node's row is planned
-// by the block (cluster) as the sampling kernels plan a row, the plan kept in shared memory
-// (in registers it spilled in those kernels; sample_row.h), one copy per block.
-template <class Row, class B>
-__device__ void verify_logits_request(B& b, int32_t r, const TreeBatchView& trees, const TargetLogits& target,
-                                      const ProbRows& draft, const StochasticRowOptions& options,
-                                      DraftSampling sampling, const RngKey* rng, const VerifyOutputs& out,
-                                      specd::detail::Rejection* rejected) {
-  __shared__ specd::detail::RowPlan plan;
-  const RngKey key = rng[r];
-  const SamplingParams params = target.params[r];
-  specd::detail::verify_request(b, trees, r, target.logits.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    specd::detail::LogitTarget<Row> rows{target.logits, target.row_index, params, &plan};
-    return specd::detail::stochastic_walk(b, n, e, rows, draft, options, sampling, key, rejected);
-  });
-}
-
-template <class Row>
-__global__ void __launch_bounds__(kThreads)
-    verify_logits_kernel(TreeBatchView trees, TargetLogits target, ProbRows draft, StochasticRowOptions options,
-                         DraftSampling sampling, const RngKey* rng, VerifyOutputs out) {
-  __shared__ PlanBlock::Shared shared;
-  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
-  PlanBlock b(&shared);
-  verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x), trees, target, draft, options, sampling, rng, out,
-                             rejected);
-}
-
-template <class Row>
-__global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
-    verify_logits_cluster_kernel(TreeBatchView trees, TargetLogits target, ProbRows draft,
-                                 StochasticRowOptions options, DraftSampling sampling, const RngKey* rng,
-                                 VerifyOutputs out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ PlanClusterBlk::Shared shared;
-  __shared__ specd::detail::Rejection rejected[kMaxVerifyChildren];
-  PlanClusterBlk b(&shared);
-  verify_logits_request<Row>(b, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, trees, target, draft,
-                             options, sampling, rng, out, rejected);
-  b.finish();
-#endif
-}
-
 }  // namespace
 
 cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
@@ -179,10 +120,9 @@ cudaError_t verify_stochastic_logits_batch(const TreeBatchView& trees, const Tar
     return cudaErrorInvalidValue;
   if (trees.batch == 0) return cudaSuccess;
   const ProbRows draft_rows = draft != nullptr ? *draft : ProbRows{};
-  return specd::detail::dispatch_logits_dtype(target.logits.dtype, [&](auto row) {
-    using Row = decltype(row);
-    return detail::launch_rows(split, verify_logits_kernel<Row>, kThreads, verify_logits_cluster_kernel<Row>, kThreads,
-                               trees.batch, stream, trees, target, draft_rows, options, sampling, rng, out);
+  return specd::detail::dispatch_logits_dtype(target.logits.dtype, [&](auto row) {  // detail/verify_logits_launch.h
+    return detail::VerifyLogitsLaunch<decltype(row)>::run(trees, target, draft_rows, sampling, rng, out, stream, split,
+                                                          options);
   });
 }
 

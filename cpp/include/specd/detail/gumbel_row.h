@@ -104,8 +104,8 @@ SPECD_HOST_DEVICE void gumbel_rounds(Block& b, const Load& load, int32_t vocab, 
 // Whether sample_tokens answers a row in one pass over its logits, with no plan and no sums:
 // greedy rows (temperature 0: greedy_token_row) under either rule, and under kGumbelMax rows
 // without a top-k / top-p / min-p cut (gumbel_uncut_row). The CUDA launcher runs these rows
-// in a lean kernel of their own and the general kernels skip them (sampling.cu);
-// sample_tokens_cpu dispatches alike. Rows with invalid parameters get kBadParams either way.
+// in a lean kernel of their own and the general kernels skip them
+// (cuda/src/detail/sampling_kernels.cuh); sample_tokens_cpu dispatches alike. Rows with invalid parameters get kBadParams either way.
 SPECD_HOST_DEVICE inline bool takes_one_pass(const SamplingParams& params, DrawRule draw) {
   return params.temperature == 0 || (draw == DrawRule::kGumbelMax && !has_filters(params));
 }
@@ -155,7 +155,7 @@ SPECD_HOST_DEVICE SampleStatus gumbel_pass(Block& b, const Load& load, int32_t v
 
 // gumbel_token_row's token and status for a row that takes_one_pass under kGumbelMax with
 // temperature != 0 (no cut): its parameters' status, then one Gumbel pass. It needs no
-// RowPlan, so its kernel stays small (sampling.cu).
+// RowPlan, so its kernel stays small (cuda/src/detail/sampling_kernels.cuh).
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus gumbel_uncut_row(Block& b, const Load& load, int32_t vocab,
                                                 const SamplingParams& params, const RngKey& rng, const float* bounds,

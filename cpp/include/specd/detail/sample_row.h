@@ -254,7 +254,8 @@ SPECD_HOST_DEVICE SampleStatus draw_from_float_probs(Block& b, int32_t vocab, co
 // kNoFiniteLogit), else the lowest id among the largest logits; token -1 with a bad status.
 // One pass of grouped loads (for_each_group: 16-byte loads on the device, several groups in
 // flight); an argmax with its id tie-break does not depend on the order, so the result is
-// plan_row's exactly. It needs no RowPlan and no sums, so its kernel stays small (sampling.cu).
+// plan_row's exactly. It needs no RowPlan and no sums, so its kernel stays small
+// (cuda/src/detail/sampling_kernels.cuh).
 template <class Block, class Load>
 SPECD_HOST_DEVICE SampleStatus greedy_token_row(Block& b, const Load& load, int32_t vocab, const SamplingParams& params,
                                                 int32_t* token) {
