@@ -165,6 +165,17 @@ rm -rf "$PKG" && mkdir -p "$PKG" && cp -r "$ROOT/python/specd" "$PKG/" && rm -f 
 cp "$BUILD"/python/_core*.so "$PKG/specd/" 2>/dev/null || note "no built _core found in $BUILD/python"
 export PYTHONPATH="$PKG:$ROOT/tests/python"
 export PYTHONUNBUFFERED=1
+# Optional test dependencies carried as wheels (bench/gpu/fetch_wheels.sh: xgrammar, FastAPI),
+# installed into a private folder: the machine has no network.
+if compgen -G "$ROOT/.gpu-wheels/*.whl" > /dev/null; then
+  if "$PYTHON" -m pip install --disable-pip-version-check --no-index --no-deps --quiet --target /tmp/specd_gpu_wheels \
+      "$ROOT"/.gpu-wheels/*.whl >> "$OUT_DIR/build.log" 2>&1; then
+    export PYTHONPATH="$PYTHONPATH:/tmp/specd_gpu_wheels"
+    note "[wheels] installed $(ls "$ROOT"/.gpu-wheels/*.whl | wc -l) carried wheels"
+  else
+    note "[wheels] the carried wheels did not install (build.log)"
+  fi
+fi
 
 if [[ " $STAGES " == *" ctest "* ]]; then
   if [ -x "$BUILD/tests/specd_cuda_tests" ]; then
@@ -189,7 +200,8 @@ if [[ " $STAGES " == *" pytest "* ]]; then
     "$ROOT/tests/python/test_logits_dtype.py" "$ROOT/tests/python/test_logprobs.py" \
     "$ROOT/tests/python/test_logits_processors.py" "$ROOT/tests/python/test_serve.py" \
     "$ROOT/tests/python/test_prefix_caching.py" "$ROOT/tests/python/test_kv_pool_compact.py" \
-    "$ROOT/tests/python/test_package.py" "$ROOT/tests/python/test_uploads.py"
+    "$ROOT/tests/python/test_package.py" "$ROOT/tests/python/test_uploads.py" \
+    $("$PYTHON" -c "import xgrammar" 2>/dev/null && echo "$ROOT/tests/python/test_structured_outputs.py")
   tail -15 "$OUT_DIR/pytest.log" | tee -a "$SUMMARY"
 fi
 
