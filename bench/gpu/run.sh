@@ -23,7 +23,7 @@
 #                      queries (test_package.py), structured outputs' GPU masking (test_structured_outputs.py; needs xgrammar)
 #   4 bench  (~3 min)  bench_kernels.py (kernels vs the torch/host paths: device and host time
 #                      per call, bandwidth bounds), batch_invariance.py (whether the target's products
-#                      round a row alike at every batch size) and bench_draft_loop.py (draft loop: eager vs
+#                      and the attention kernels round a row alike at every batch size and query count) and bench_draft_loop.py (draft loop: eager vs
 #                      graph runner vs CUDA graph, host overhead per draft step; its --budget-s is
 #                      what is left of the run's TOTAL_S, at most 180 s, rows printed as measured)
 #   5 tree   (opt-in: --stages "... tree") bench/kv_compact_step.py --device cuda (a step's
@@ -209,7 +209,7 @@ if [[ " $STAGES " == *" bench "* ]]; then
   : > "$OUT_DIR/bench.log"
   stage bench_kernels bench 150 "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" $QUICK --out "$OUT_DIR"
   stage batch_invariance bench 60 "$PYTHON" "$ROOT/bench/gpu/batch_invariance.py"
-  grep -A6 "^batch invariance" "$OUT_DIR/bench.log" | tail -7 | tee -a "$SUMMARY"
+  grep -A9 "^batch invariance" "$OUT_DIR/bench.log" | tail -10 | tee -a "$SUMMARY"
   budget=$(( TOTAL_S - SECONDS - 30 )); [ "$budget" -gt 180 ] && budget=180
   if [ "$budget" -ge 30 ]; then
     # the script stops starting cases at its budget; the limit leaves room for the case in flight

@@ -50,4 +50,8 @@ def test_batch_invariance_compares_every_product_against_its_row_alone(tmp_path,
         assert set(map(int, diffs)) == set(script.ROWS)
         assert diffs["1"] == 0.0  # the row alone against itself
         assert all(d < 1e-5 for d in diffs.values())  # rounding, not another result
-    assert "every product batch-invariant: " in capsys.readouterr().out
+    # The attention's CPU reference computes each query alone: the same bits at every shape.
+    assert set(result["attention"]) == {"tree_attention"}
+    assert set(result["attention"]["tree_attention"]) == {f"{b}x{q}" for b, q in script.ATTENTION_SHAPES}
+    assert all(d == 0.0 for d in result["attention"]["tree_attention"].values())
+    assert "every product and the attention batch-invariant: " in capsys.readouterr().out

@@ -42,7 +42,7 @@ def tree_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         positions (``q_len <= tree_lens[r] <= kv_lens[r]``), its queries the last of them, and
         the mask rows cover the whole tree (``mask_words * 64 >= tree_lens[r]``): a forward that
         feeds only a tree's newest nodes (engine/draft_tree_graph.py). None: the queries are
-        the tree. Not yet run on a GPU (the kernels share the CPU reference's rule code).
+        the tree. Validated on an H100 (the kernels share the CPU reference's rule code).
     Returns ``[num_tokens, q_heads, head_dim]`` in q's dtype. CPU: float32 only.
     """
     no_kernel_for_device("tree_attention", q, k_cache, v_cache)
