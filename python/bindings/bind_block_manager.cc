@@ -83,6 +83,15 @@ class PyBlockManager {
   std::unique_ptr<BlockManager> bm_;
 };
 
+// A StepPlanner query of one request with two int64 outputs (cached_prefix, candidate_work),
+// as a Python tuple; its error status raised.
+template <class Query>
+py::tuple planner_pair(const StepPlanner& p, int64_t id, Query query) {
+  int64_t first = 0, second = 0;
+  check((p.*query)(id, &first, &second));
+  return py::make_tuple(first, second);
+}
+
 }  // namespace
 
 void bind_block_manager(py::module_& m) {
@@ -331,21 +340,13 @@ void bind_block_manager(py::module_& m) {
       .def("candidates", &StepPlanner::candidates, "Running requests, then the waiting ones this step may admit.")
       .def(
           "cached_prefix",
-          [](const StepPlanner& p, int64_t id) {
-            int64_t target = 0, draft = 0;
-            check(p.cached_prefix(id, &target, &draft));
-            return py::make_tuple(target, draft);
-          },
+          [](const StepPlanner& p, int64_t id) { return planner_pair(p, id, &StepPlanner::cached_prefix); },
           py::arg("request"),
           "(target, draft): the KV tokens a waiting request would adopt from the prefix cache if admitted now "
           "(0, 0 for a running one).")
       .def(
           "candidate_work",
-          [](const StepPlanner& p, int64_t id) {
-            int64_t base = 0, catch_up = 0;
-            check(p.candidate_work(id, &base, &catch_up));
-            return py::make_tuple(base, catch_up);
-          },
+          [](const StepPlanner& p, int64_t id) { return planner_pair(p, id, &StepPlanner::candidate_work); },
           py::arg("request"),
           "(base_tokens, draft_catch_up) the policy is told: the length less the committed target / draft KV, "
           "a waiting request's taken as at least what it would adopt from the prefix cache.")
