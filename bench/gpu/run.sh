@@ -107,7 +107,9 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "  ctest : ctest --test-dir $BUILD -R Cuda -j 4"
   echo "  pytest: pytest tests/python/{test_ops,test_draft_graph,test_kv_kernels,test_slot_mapping,test_gpu_statistics,test_target_graph,test_layer_ops,test_serving_setup,test_batch_verify,test_draft_tree_graph,test_timer,test_compile,test_logits_dtype,test_logprobs,test_logits_processors,test_serve,test_prefix_caching,test_kv_pool_compact,test_package,test_uploads,test_structured_outputs}.py -k 'gpu or cuda'"
   echo "  timeline (opt-in): bench/gpu/step_timeline.py (engine steps under torch.profiler)"
-  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
+  echo "  bench : bench/gpu/bench_kernels.py $QUICK; bench/gpu/batch_invariance.py;" \
+       "bench/gpu/bench_draft_loop.py $QUICK --budget-s <min(180, ${TOTAL_S} s - elapsed - 30)>"
+  echo "  wheels: $(ls "$ROOT"/.gpu-wheels/*.whl 2>/dev/null | wc -l) carried in .gpu-wheels (bench/gpu/fetch_wheels.sh)"
   command -v nvcc >/dev/null && echo "  nvcc  : $(nvcc --version | tail -1)" || echo "  nvcc  : not found"
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_kernels.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1
   PYTHONPATH="${PYTHONPATH:-}" "$PYTHON" "$ROOT/bench/gpu/bench_draft_loop.py" --dry-run $QUICK --out "$OUT_DIR" || exit 1

@@ -55,3 +55,18 @@ def test_batch_invariance_compares_every_product_against_its_row_alone(tmp_path,
     assert set(result["attention"]["tree_attention"]) == {f"{b}x{q}" for b, q in script.ATTENTION_SHAPES}
     assert all(d == 0.0 for d in result["attention"]["tree_attention"].values())
     assert "every product and the attention batch-invariant: " in capsys.readouterr().out
+
+
+def test_run_sh_dry_run_plans_every_stage_and_imports_the_scripts(tmp_path):
+    """bench/gpu/run.sh --dry-run (no GPU needed): the shell script parses, prints its plan, and
+    the benchmark programs it calls import and print theirs."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OUT": str(tmp_path)}
+    r = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "run.sh"), "--dry-run"], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for stage in ("build :", "ctest :", "pytest:", "bench :", "batch_invariance.py", "wheels:"):
+        assert stage in r.stdout, stage
+    assert r.stdout.count("dry run: imports ok") == 2  # bench_kernels.py and bench_draft_loop.py
