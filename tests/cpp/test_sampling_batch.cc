@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "block_manager_test_util.h"
@@ -316,7 +317,7 @@ TEST(SamplingBatchCpu, HalfAndBFloat16RowsMatchTheirFloatValues) {
   }
 }
 
-// greedy_token_row (the greedy rows' own kernel, grouped loads) gives sample_token_row's
+// greedy_token_row (the greedy rows' one pass of grouped loads) gives sample_token_row's
 // token and status on greedy rows: ties, -inf, all -inf, NaN and +inf anywhere (the last
 // group included), invalid parameters; with one thread and with 2, 3 and 8 per row.
 TEST(SamplingBatchThreaded, GreedyRowsOwnPassMatchesTheGeneralRow) {
@@ -352,6 +353,62 @@ TEST(SamplingBatchThreaded, GreedyRowsOwnPassMatchesTheGeneralRow) {
         });
         EXPECT_EQ(status, static_cast<int32_t>(want_status)) << threads << " threads, vocab " << vocab << ", row " << r;
         EXPECT_EQ(token, want) << threads << " threads, vocab " << vocab << ", row " << r;
+      }
+    }
+  }
+}
+
+// The same for 16-bit rows, whose grouped pass keeps its groups as raw words (group8,
+// decoded at use) with more of them in flight: fp16 and bf16 words (ties, -inf, NaN and +inf
+// among them, the last partial group included), with one thread and with 2, 3 and 8 per row,
+// against the general row code on the decoded floats.
+TEST(SamplingBatchThreaded, GreedyRowsOfSixteenBitWordsMatchTheirFloatValues) {
+  std::mt19937_64 g(53);
+  for (LogitsDtype dtype : {LogitsDtype::kFloat16, LogitsDtype::kBFloat16}) {
+    const bool half = dtype == LogitsDtype::kFloat16;
+    for (int32_t vocab : {1, 7, 8, 9, 31, 64, 65, 1001}) {
+      const int32_t rows = 24;
+      std::vector<uint16_t> words(static_cast<std::size_t>(rows) * static_cast<std::size_t>(vocab));
+      std::vector<float> decoded(words.size());
+      for (std::size_t i = 0; i < words.size(); ++i) {
+        // few distinct values: many ties
+        words[i] = half ? static_cast<uint16_t>(0x3C00 + g() % 4) : static_cast<uint16_t>(0x3F80 + g() % 4);
+        if (g() % 9 == 0) words[i] = half ? 0xFC00 : 0xFF80;  // -inf
+      }
+      for (int32_t r = 0; r < rows; ++r) {
+        uint16_t* row = words.data() + static_cast<std::size_t>(r) * static_cast<std::size_t>(vocab);
+        const auto at = static_cast<std::size_t>(g() % static_cast<uint64_t>(vocab));
+        if (r % 6 == 0) row[at] = half ? 0x7E00 : 0x7FC0;                       // NaN
+        if (r % 6 == 1) row[vocab - 1] = half ? 0x7C00 : 0x7F80;                // +inf, last group
+        if (r % 6 == 2) std::fill(row, row + vocab, half ? 0xFC00 : 0xFF80);    // no finite logit
+        if (r % 6 == 3) row[vocab - 1] = half ? 0x4400 : 0x4080;                // the top in the last group
+      }
+      for (std::size_t i = 0; i < words.size(); ++i)
+        decoded[i] = half ? detail::half_to_float(words[i]) : detail::bfloat16_to_float(words[i]);
+      SamplingParams greedy;
+      greedy.temperature = 0.0;
+      for (int32_t r = 0; r < rows; ++r) {
+        const int64_t offset = int64_t{r} * vocab;
+        detail::SerialBlock serial;
+        int32_t want = -9;
+        const SampleStatus want_status =
+            detail::sample_token_row(serial, detail::Float32Row::at(decoded.data(), offset), vocab, greedy, RngKey{}, &want);
+        const std::string what = std::string(half ? "fp16" : "bf16") + ", vocab " + std::to_string(vocab) + ", row " +
+                                 std::to_string(r);
+        for (int32_t threads : {1, 2, 3, 8}) {
+          int32_t token = -9, status = -9;
+          run_threaded(threads, [&](ThreadedBlock& b) {
+            int32_t t = -1;
+            const SampleStatus st = half ? detail::greedy_token_row(b, detail::Float16Row::at(words.data(), offset), vocab, greedy, &t)
+                                         : detail::greedy_token_row(b, detail::BFloat16Row::at(words.data(), offset), vocab, greedy, &t);
+            if (b.rank() == 0) {
+              token = t;
+              status = static_cast<int32_t>(st);
+            }
+          });
+          EXPECT_EQ(status, static_cast<int32_t>(want_status)) << threads << " threads, " << what;
+          EXPECT_EQ(token, want) << threads << " threads, " << what;
+        }
       }
     }
   }

@@ -4,8 +4,8 @@
 // ties, -inf logits and every filter combination, fp16/bf16 logits, and large vocabularies
 // (many chunks per thread); sample_tokens_and_probs equal to both, bit for bit. Every check
 // runs with one block per row and with a cluster of blocks per row (RowSplit); the
-// Gumbel-max draw's tokens equal the CPU's exactly, and so do the one-pass rows' (their own
-// kernel: greedy rows, and Gumbel-max rows without a cut). Skips, saying why, without a CUDA device.
+// Gumbel-max draw's tokens equal the CPU's exactly, and so do the one-pass rows' (greedy rows,
+// and Gumbel-max rows without a cut). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -219,7 +219,7 @@ TEST(SamplingCuda, SameSeedSameTokensAcrossRuns) {
 
 // sample_tokens' tokens and statuses equal sample_tokens_cpu's exactly with `draw`, for both
 // splits. DrawRule::kGumbelMax: an argmax, no sum whose order differs; greedy rows (either
-// rule): their own kernel's argmax. Used for fp32/bf16, odd vocabularies (a last partial
+// rule): greedy_token_row's argmax. Used for fp32/bf16, odd vocabularies (a last partial
 // group), unaligned rows (stride not a multiple of 8: scalar loads) and 151,936-token rows.
 template <class T>
 void expect_tokens_match_cpu(const std::vector<T>& host_logits, LogitRows rows, const SamplingCase& c,
@@ -328,12 +328,13 @@ TEST(SamplingCuda, GumbelBadRowsGetStatuses) {
 }
 
 // The rows that take one pass (takes_one_pass: greedy rows; under kGumbelMax, rows without a
-// cut) run in a kernel of their own and the general kernels skip them: all-greedy batches,
+// cut): under kInverseCdf in the general kernel (one launch), under kGumbelMax in a kernel of
+// their own that runs before the general one, which skips them. All-greedy batches,
 // batches where greedy and sampled rows alternate, batches mixing greedy rows, sampled rows
 // without a cut and rows with each cut, bad one-pass rows (NaN, +inf, no finite logit, bad
 // parameters), bf16 and fp32, 64 x 151,936, both splits and both draws: the CPU's tokens and
 // statuses.
-TEST(SamplingCuda, OnePassRowsOwnKernelEqualsCpu) {
+TEST(SamplingCuda, OnePassRowsEqualCpu) {
   SPECD_SKIP_WITHOUT_GPU();
   std::mt19937_64 g(27);
   for (DrawRule draw : {DrawRule::kInverseCdf, DrawRule::kGumbelMax}) {

@@ -17,6 +17,9 @@
 // - Per-row input errors do not fail the call: status[r] (SampleStatus) says what was
 //   wrong, tokens[r] is -1 and a probability row is all zeros. The call itself fails only
 //   for bad shapes or pointers (validate_logit_rows).
+// - A call that does not fail writes every output of every row (token, status, probability
+//   row, total), the CPU functions and the CUDA kernels alike: callers need not initialize
+//   them.
 // - Logits may be float32, float16 or bfloat16 (raw 16-bit words); 16-bit values are
 //   converted to float exactly and then follow the float32 rules.
 // - How sample_tokens draws a row's token (DrawRule; greedy rows are the argmax either way):

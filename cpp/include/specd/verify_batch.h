@@ -25,6 +25,9 @@
 //   num_accepted[r] is 0 and the request's tokens/path range is all -1 (in the node layout,
 //   left untouched when the offsets themselves are invalid). The verify.h function on that
 //   request returns the error with a message, if one is wanted.
+// - A call that does not fail writes status[r] and num_accepted[r] of every request and, in the
+//   padded layout, every entry of every row of tokens and path; in the node layout, every
+//   node in a valid request's range (callers fill the rest, if they read it).
 // - The call fails (Status / cudaErrorInvalidValue) only for bad sizes or pointers (the
 //   validate_verify_* functions): negative sizes, null arrays, fewer rows than num_nodes,
 //   draft vocab != target vocab, an unknown DraftSampling.

@@ -3,8 +3,6 @@
 // which instantiates SamplingLaunch for its row type; the kernels have internal linkage there.
 #pragma once
 
-#include <type_traits>
-
 #include "cluster_block.cuh"
 #include "cluster_launch.cuh"
 #include "device_block.cuh"
@@ -32,14 +30,10 @@ constexpr int kClusterThreads = 256;
 constexpr int kSampleClusterMinBlocks = 4;
 constexpr int kProbsClusterMinBlocks = 3;
 using ClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks, kSelectCache>;
-// The one-pass rows' kernels (takes_one_pass: greedy_token_row, gumbel_uncut_row): no
-// candidate cache, no plan.
+// The one-pass rows' kernels under kGumbelMax (takes_one_pass: greedy_token_row,
+// gumbel_uncut_row): no candidate cache, no plan.
 using OnePassBlock = detail::DeviceBlock<kThreads>;
 using OnePassClusterBlk = detail::ClusterBlock<kClusterThreads, kRowSplitClusterBlocks>;
-
-// The draw rule of a kernel instance (kGumbel: DrawRule::kGumbelMax).
-template <bool kGumbel>
-constexpr DrawRule kDrawOf = kGumbel ? DrawRule::kGumbelMax : DrawRule::kInverseCdf;
 
 // Where a row function keeps its RowPlan (sample_row.h): in shared memory for the clustered
 // kernels (in registers it spilled there), else `local` (registers).
@@ -57,28 +51,36 @@ __device__ void fill_bounds(float* bounds) {
   __syncthreads();
 }
 
-// The row code of the kernels, for a Block (DeviceBlock or ClusterBlock) working on row r.
-// kGumbel: DrawRule::kGumbelMax (each block first fills its copy of the screen table).
-// Rows that take one pass (takes_one_pass: greedy rows; under kGumbel, rows without a cut)
-// are left to one_pass_row, which sample_tokens launches first.
+// The row code of the general kernels, for a Block (DeviceBlock or ClusterBlock) working on
+// row r. Rows are dispatched as sample_tokens_cpu does. Under kInverseCdf (kGumbel false)
+// every row of the call runs here, greedy rows by greedy_token_row (one pass of grouped
+// loads, no plan, no sums), so a call is one launch. Under kGumbel (DrawRule::kGumbelMax;
+// the block first fills its copy of the screen table) the rows that take one pass
+// (takes_one_pass: greedy rows, rows without a cut) are left to one_pass_row, which
+// sample_tokens launches first: inlined beside gumbel_cut_row, gumbel_uncut_row made the
+// clustered kernel spill at its 64 registers (ptxas sm_90: 254 bytes, none apart).
 template <class Row, bool kSharedPlan, bool kGumbel, class B>
 __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                                   const RngKey* rng, int32_t* tokens, int32_t* status) {
   __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
-  specd::detail::RowPlan local_plan;
-  specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
   const SamplingParams row_params = params[r];
   // uniform: the whole block (cluster) leaves
-  if (specd::detail::takes_one_pass(row_params, kDrawOf<kGumbel>)) return;
-  const RngKey key = rng[r];
+  if (kGumbel && specd::detail::takes_one_pass(row_params, DrawRule::kGumbelMax)) return;
   const Row row = Row::at(logits.data, r * logits.stride);
   int32_t token = -1;
   SampleStatus s;
-  if constexpr (kGumbel) {
-    fill_bounds(bounds);
-    s = specd::detail::gumbel_cut_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
+  if (!kGumbel && row_params.temperature == 0) {  // uniform over the block (cluster)
+    s = specd::detail::greedy_token_row(block, row, logits.vocab, row_params, &token);
   } else {
-    s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
+    specd::detail::RowPlan local_plan;
+    specd::detail::RowPlan& plan = row_plan<kSharedPlan>(local_plan);
+    const RngKey key = rng[r];
+    if constexpr (kGumbel) {
+      fill_bounds(bounds);
+      s = specd::detail::gumbel_cut_row(block, row, logits.vocab, row_params, key, bounds, &token, plan);
+    } else {
+      s = specd::detail::sample_token_row(block, row, logits.vocab, row_params, key, &token, plan);
+    }
   }
   if (block.rank() == 0) {
     tokens[r] = token;
@@ -86,26 +88,24 @@ __device__ void sample_tokens_row(B& block, int32_t r, const LogitRows& logits, 
   }
 }
 
-// sample_tokens' one-pass rows (takes_one_pass; other rows are left to sample_tokens_row):
-// greedy_token_row (temperature 0), and under kGumbel gumbel_uncut_row (no cut; the block
-// fills its copy of the screen table first). One pass of grouped loads each.
-template <class Row, bool kGumbel, class B>
+// sample_tokens' one-pass rows under kGumbelMax (takes_one_pass; other rows are left to
+// sample_tokens_row): greedy_token_row (temperature 0) and gumbel_uncut_row (no cut; the
+// block fills its copy of the screen table first). One pass of grouped loads each.
+template <class Row, class B>
 __device__ void one_pass_row(B& block, int32_t r, const LogitRows& logits, const SamplingParams* params,
                              const RngKey* rng, int32_t* tokens, int32_t* status) {
-  __shared__ float bounds[kGumbel ? specd::detail::kGumbelBuckets : 1];
+  __shared__ float bounds[specd::detail::kGumbelBuckets];
   const SamplingParams row_params = params[r];
   // uniform: the whole block (cluster) leaves
-  if (!specd::detail::takes_one_pass(row_params, kDrawOf<kGumbel>)) return;
+  if (!specd::detail::takes_one_pass(row_params, DrawRule::kGumbelMax)) return;
   int32_t token = -1;
   const Row row = Row::at(logits.data, r * logits.stride);
   SampleStatus s;
   if (row_params.temperature == 0) {
     s = specd::detail::greedy_token_row(block, row, logits.vocab, row_params, &token);
-  } else if constexpr (kGumbel) {
+  } else {
     fill_bounds(bounds);
     s = specd::detail::gumbel_uncut_row(block, row, logits.vocab, row_params, rng[r], bounds, &token);
-  } else {
-    return;  // unreachable: takes_one_pass holds only for greedy rows without kGumbel
   }
   if (block.rank() == 0) {
     tokens[r] = token;
@@ -155,13 +155,13 @@ __global__ void __launch_bounds__(kThreads)
                                          status);
 }
 
-template <class Row, bool kGumbel>
+template <class Row>
 __global__ void __launch_bounds__(kThreads)
     one_pass_tokens_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng, int32_t* tokens,
                            int32_t* status) {
   __shared__ OnePassBlock::Shared shared;
   OnePassBlock block(&shared);
-  one_pass_row<Row, kGumbel>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
+  one_pass_row<Row>(block, static_cast<int32_t>(blockIdx.x), logits, params, rng, tokens, status);
 }
 
 template <class Row, bool kGumbel>
@@ -190,14 +190,14 @@ __global__ void __launch_bounds__(kClusterThreads, kSampleClusterMinBlocks)
 #endif
 }
 
-template <class Row, bool kGumbel>
+template <class Row>
 __global__ void __launch_bounds__(kClusterThreads)
     one_pass_tokens_cluster_kernel(LogitRows logits, const SamplingParams* params, const RngKey* rng,
                                    int32_t* tokens, int32_t* status) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ OnePassClusterBlk::Shared shared;
   OnePassClusterBlk block(&shared);
-  one_pass_row<Row, kGumbel>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
+  one_pass_row<Row>(block, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, logits, params, rng,
                              tokens, status);
   block.finish();
 #endif
@@ -224,17 +224,16 @@ template <class Row>
 cudaError_t SamplingLaunch<Row>::sample_tokens(const LogitRows& logits, const SamplingParams* params,
                                                const RngKey* rng, int32_t* tokens, int32_t* status,
                                                cudaStream_t stream, RowSplit split, DrawRule draw) {
-  // The one-pass rows first, in their own kernel (the general kernels skip them), then the rest.
-  const auto launch = [&](auto gumbel) {
-    constexpr bool kGumbel = decltype(gumbel)::value;
-    const cudaError_t one_pass = launch_rows(split, one_pass_tokens_kernel<Row, kGumbel>, kThreads,
-                                             one_pass_tokens_cluster_kernel<Row, kGumbel>, kClusterThreads,
-                                             logits.rows, stream, logits, params, rng, tokens, status);
-    if (one_pass != cudaSuccess) return one_pass;
-    return launch_rows(split, sample_tokens_kernel<Row, kGumbel>, kThreads, sample_tokens_cluster_kernel<Row, kGumbel>,
+  if (draw != DrawRule::kGumbelMax)  // one kernel for every row
+    return launch_rows(split, sample_tokens_kernel<Row, false>, kThreads, sample_tokens_cluster_kernel<Row, false>,
                        kClusterThreads, logits.rows, stream, logits, params, rng, tokens, status);
-  };
-  return draw == DrawRule::kGumbelMax ? launch(std::true_type{}) : launch(std::false_type{});
+  // Gumbel-max: the one-pass rows first, in their own kernel, then the rows with a cut.
+  const cudaError_t one_pass = launch_rows(split, one_pass_tokens_kernel<Row>, kThreads,
+                                           one_pass_tokens_cluster_kernel<Row>, kClusterThreads, logits.rows, stream,
+                                           logits, params, rng, tokens, status);
+  if (one_pass != cudaSuccess) return one_pass;
+  return launch_rows(split, sample_tokens_kernel<Row, true>, kThreads, sample_tokens_cluster_kernel<Row, true>,
+                     kClusterThreads, logits.rows, stream, logits, params, rng, tokens, status);
 }
 
 template <class Row>

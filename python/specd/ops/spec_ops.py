@@ -88,8 +88,9 @@ def _sampling_inputs(op: str, logits, params, rng):
     n = logits.shape[0]
     params = _packed(op, "params", params, n, 4)
     rng = _packed(op, "rng", rng, n, 3)
-    tokens = torch.full((n,), -1, dtype=torch.int32, device=device)
-    status = torch.zeros(n, dtype=torch.int32, device=device)
+    # Every row's token and status are written (sampling_batch.h): no fill kernels.
+    tokens = torch.empty(n, dtype=torch.int32, device=device)
+    status = torch.empty(n, dtype=torch.int32, device=device)
     return device, logits, stride, dtype, params, rng, tokens, status
 
 
@@ -151,7 +152,7 @@ def _sampling_probs(logits, params, cluster=False, totals=None):
     params = _packed(op, "params", params, n, 4)
     with_totals = _totals_option(op, totals, n)
     probs = torch.empty((n, vocab), dtype=torch.float32, device=device)  # every element is written
-    status = torch.zeros(n, dtype=torch.int32, device=device)
+    status = torch.empty(n, dtype=torch.int32, device=device)
     if n:
         launch(device, functools.partial(_core.sampling_probs_batch_cpu, **with_totals), "sampling_probs_batch_cuda",
                logits.data_ptr(), dtype, n, vocab, stride, params.data_ptr(), probs.data_ptr(), status.data_ptr(),
@@ -253,9 +254,13 @@ def _outputs(op: str, device, batch: int, nodes: int, out_stride: int) -> Verify
     if out_stride < 0:
         fail(op, f"out_stride must be >= 0 (0: node layout), got {out_stride}")
     shape = (nodes,) if out_stride == 0 else (batch, out_stride)
-    return (torch.full(shape, -1, dtype=torch.int32, device=device),
-            torch.full(shape, -1, dtype=torch.int32, device=device),
-            torch.zeros(batch, dtype=torch.int32, device=device), torch.zeros(batch, dtype=torch.int32, device=device))
+    # verify_batch.h: every request's status and accepted count are written, and so is every
+    # row of the padded layout; in the node layout the nodes of a request whose offsets are
+    # invalid are not, so they are filled with -1 first (the fill kernels are skipped otherwise).
+    row = (lambda: torch.empty(shape, dtype=torch.int32, device=device)) if out_stride else (
+        lambda: torch.full(shape, -1, dtype=torch.int32, device=device))
+    return (row(), row(), torch.empty(batch, dtype=torch.int32, device=device),
+            torch.empty(batch, dtype=torch.int32, device=device))
 
 
 def _fake_outputs(node_offsets, parents, out_stride) -> VerifyResult:

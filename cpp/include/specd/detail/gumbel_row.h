@@ -103,9 +103,11 @@ SPECD_HOST_DEVICE void gumbel_rounds(Block& b, const Load& load, int32_t vocab, 
 
 // Whether sample_tokens answers a row in one pass over its logits, with no plan and no sums:
 // greedy rows (temperature 0: greedy_token_row) under either rule, and under kGumbelMax rows
-// without a top-k / top-p / min-p cut (gumbel_uncut_row). The CUDA launcher runs these rows
-// in a lean kernel of their own and the general kernels skip them
-// (cuda/src/detail/sampling_kernels.cuh); sample_tokens_cpu dispatches alike. Rows with invalid parameters get kBadParams either way.
+// without a top-k / top-p / min-p cut (gumbel_uncut_row). Under kGumbelMax the CUDA launcher
+// runs these rows in a lean kernel of their own and the general kernels skip them; under
+// kInverseCdf the general kernels run greedy rows' one pass themselves
+// (cuda/src/detail/sampling_kernels.cuh). sample_tokens_cpu dispatches alike. Rows with
+// invalid parameters get kBadParams either way.
 SPECD_HOST_DEVICE inline bool takes_one_pass(const SamplingParams& params, DrawRule draw) {
   return params.temperature == 0 || (draw == DrawRule::kGumbelMax && !has_filters(params));
 }

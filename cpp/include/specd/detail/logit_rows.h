@@ -17,7 +17,15 @@ namespace specd::detail {
 // Row readers: logit i of one row as float, for each LogitsDtype. at(data, offset) is the
 // row starting `offset` elements into `data`. load8(i0, v): logits i0 .. i0 + 7 (all within
 // the row), on the device with 16-byte loads where data + i0 is 16-byte aligned (the
-// Gumbel-max draw's groups, gumbel_row.h).
+// Gumbel-max draw's groups, gumbel_row.h). group8(i0): the same eight as loaded, before
+// decoding (16-bit rows: the raw words, half the registers of eight floats), and
+// decode(group, j) logit i0 + j of it: for_each_group keeps several groups in flight so.
+struct FloatGroup {
+  float v[8];
+};
+struct WordGroup {
+  uint32_t w[4];  // words 2j and 2j + 1 in the low and high halves of w[j]
+};
 struct Float32Row {
   const float* data;
   SPECD_HOST_DEVICE static Float32Row at(const void* base, int64_t offset) {
@@ -35,6 +43,12 @@ struct Float32Row {
 #endif
     for (int32_t j = 0; j < 8; ++j) v[j] = data[i0 + j];
   }
+  SPECD_HOST_DEVICE FloatGroup group8(int32_t i0) const {
+    FloatGroup g;
+    load8(i0, g.v);
+    return g;
+  }
+  SPECD_HOST_DEVICE static float decode(const FloatGroup& g, int32_t j) { return g.v[j]; }
 };
 // Eight 16-bit words from `words` decoded to floats (one 16-byte load on the device where
 // `words` is 16-byte aligned).
@@ -53,6 +67,22 @@ SPECD_HOST_DEVICE void load8_words(const uint16_t* words, float (&v)[8], const D
 #endif
   for (int32_t j = 0; j < 8; ++j) v[j] = decode(words[j]);
 }
+// Eight 16-bit words from `words`, undecoded (one 16-byte load on the device where aligned).
+SPECD_HOST_DEVICE inline WordGroup load8_raw(const uint16_t* words) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(words) & 15) == 0) {
+    const uint4 w = *reinterpret_cast<const uint4*>(words);
+    return WordGroup{{w.x, w.y, w.z, w.w}};
+  }
+#endif
+  WordGroup g;
+  for (int32_t j = 0; j < 4; ++j)
+    g.w[j] = static_cast<uint32_t>(words[2 * j]) | (static_cast<uint32_t>(words[2 * j + 1]) << 16);
+  return g;
+}
+SPECD_HOST_DEVICE inline uint16_t word_of(const WordGroup& g, int32_t j) {
+  return static_cast<uint16_t>(g.w[j >> 1] >> ((j & 1) * 16));
+}
 
 struct Float16Row {
   const uint16_t* data;
@@ -63,6 +93,8 @@ struct Float16Row {
   SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
     load8_words(data + i0, v, [](uint16_t w) { return half_to_float(w); });
   }
+  SPECD_HOST_DEVICE WordGroup group8(int32_t i0) const { return load8_raw(data + i0); }
+  SPECD_HOST_DEVICE static float decode(const WordGroup& g, int32_t j) { return half_to_float(word_of(g, j)); }
 };
 struct BFloat16Row {
   const uint16_t* data;
@@ -73,6 +105,8 @@ struct BFloat16Row {
   SPECD_HOST_DEVICE void load8(int32_t i0, float (&v)[8]) const {
     load8_words(data + i0, v, [](uint16_t w) { return bfloat16_to_float(w); });
   }
+  SPECD_HOST_DEVICE WordGroup group8(int32_t i0) const { return load8_raw(data + i0); }
+  SPECD_HOST_DEVICE static float decode(const WordGroup& g, int32_t j) { return bfloat16_to_float(word_of(g, j)); }
 };
 
 // Logits i0 .. i0 + 7 of a row of `n` (-inf past its end). Readers with load8 take it for
@@ -95,30 +129,75 @@ SPECD_HOST_DEVICE void load_group(const Load& load, int32_t i0, int32_t n, float
   for (int32_t j = 0; j < kLoadGroup; ++j) v[j] = i0 + j < n ? load(i0 + j) : -INFINITY;
 }
 
-// Groups of kLoadGroup consecutive logits in flight per thread in for_each_group.
-inline constexpr int32_t kGroupsInFlight = 2;
+template <class Load, class = void>
+struct HasGroup8 : std::false_type {};
+template <class Load>
+struct HasGroup8<Load, decltype(void(std::declval<const Load&>().group8(0)))> : std::true_type {};
+
+// Bytes of logits each thread of for_each_group has in flight, as loaded: 4 groups of 16-bit
+// logits (one 16-byte load each), 2 of float32 (two loads each); readers without group8, 2
+// groups. A greedy pass over a row is a chain of round trips to memory, one per round of
+// groups, with little arithmetic between them: with 2 groups in flight for every dtype the
+// GPU's greedy verification took about the same time per row for bf16 and float32 rows
+// (241.6 and 217.5 µs for 64 x 9 rows of 151,936 on an H200), the mark of latency, not
+// bandwidth; the 16-bit rows now have as many loads in flight as the float32 rows. The
+// groups stay undecoded until used (group8). 128 bytes (8 and 4 groups) made ptxas (sm_90)
+// spill in the bf16 greedy verification and the one-pass kernels take 72-76 registers
+// (fewer blocks per SM); 64 keeps every kernel's spills and blocks per SM.
+inline constexpr int32_t kGroupBytesInFlight = 64;
+template <class Load>
+SPECD_HOST_DEVICE constexpr int32_t groups_in_flight() {
+  if constexpr (HasGroup8<Load>::value) {
+    constexpr auto bytes = static_cast<int32_t>(sizeof(decltype(std::declval<const Load&>().group8(0))));
+    return kGroupBytesInFlight / bytes > 0 ? kGroupBytesInFlight / bytes : 1;
+  } else {
+    return 2;
+  }
+}
 
 // Calls fn(i, logit i) for every i < n of this thread's groups (group g holds ids 8g ..
-// 8g + 7; thread rank takes groups rank, rank + size, ...), kGroupsInFlight groups' loads
-// issued before their first use. The ORDER differs from for_each_strided's (a thread visits
-// 8 consecutive ids, then jumps): only for passes whose result does not depend on the order
-// (any, max, argmax with its id tie-break), never for sums. With one thread: id order.
+// 8g + 7; thread rank takes groups rank, rank + size, ...), groups_in_flight<Load>() groups'
+// loads issued before their first use. The ORDER differs from for_each_strided's (a thread
+// visits 8 consecutive ids, then jumps): only for passes whose result does not depend on the
+// order (any, max, argmax with its id tie-break), never for sums. With one thread: id order.
 template <class Block, class Load, class Fn>
 SPECD_HOST_DEVICE void for_each_group(const Block& b, int32_t n, const Load& load, const Fn& fn) {
-  const int64_t groups = (int64_t{n} + kLoadGroup - 1) / kLoadGroup;
+  constexpr int32_t kInFlight = groups_in_flight<Load>();
   const int64_t step = b.size();
-  for (int64_t g0 = b.rank(); g0 < groups; g0 += kGroupsInFlight * step) {
-    float v[kGroupsInFlight][kLoadGroup];
-    for (int32_t u = 0; u < kGroupsInFlight; ++u) {
-      const int64_t g = g0 + u * step;
-      if (g < groups) load_group(load, static_cast<int32_t>(g * kLoadGroup), n, v[u]);
+  if constexpr (HasGroup8<Load>::value) {
+    using Group = decltype(load.group8(0));
+    const int64_t whole = int64_t{n} / kLoadGroup;  // groups of 8 ids within the row
+    for (int64_t g0 = b.rank(); g0 < whole; g0 += kInFlight * step) {
+      Group raw[kInFlight];
+      for (int32_t u = 0; u < kInFlight; ++u) {
+        const int64_t g = g0 + u * step;
+        if (g < whole) raw[u] = load.group8(static_cast<int32_t>(g * kLoadGroup));
+      }
+      for (int32_t u = 0; u < kInFlight; ++u) {
+        const int64_t g = g0 + u * step;
+        if (g >= whole) break;
+        for (int32_t j = 0; j < kLoadGroup; ++j) fn(static_cast<int32_t>(g * kLoadGroup + j), Load::decode(raw[u], j));
+      }
     }
-    for (int32_t u = 0; u < kGroupsInFlight; ++u) {
-      const int64_t g = g0 + u * step;
-      if (g >= groups) break;
-      for (int32_t j = 0; j < kLoadGroup; ++j) {
-        const int64_t i = g * kLoadGroup + j;
-        if (i < n) fn(static_cast<int32_t>(i), v[u][j]);
+    // The last, partial group (n not a multiple of 8): its thread's turn comes after its whole
+    // groups, as above.
+    if (whole * kLoadGroup < n && b.rank() == whole % step)
+      for (int64_t i = whole * kLoadGroup; i < n; ++i) fn(static_cast<int32_t>(i), load(static_cast<int32_t>(i)));
+  } else {
+    const int64_t groups = (int64_t{n} + kLoadGroup - 1) / kLoadGroup;
+    for (int64_t g0 = b.rank(); g0 < groups; g0 += kInFlight * step) {
+      float v[kInFlight][kLoadGroup];
+      for (int32_t u = 0; u < kInFlight; ++u) {
+        const int64_t g = g0 + u * step;
+        if (g < groups) load_group(load, static_cast<int32_t>(g * kLoadGroup), n, v[u]);
+      }
+      for (int32_t u = 0; u < kInFlight; ++u) {
+        const int64_t g = g0 + u * step;
+        if (g >= groups) break;
+        for (int32_t j = 0; j < kLoadGroup; ++j) {
+          const int64_t i = g * kLoadGroup + j;
+          if (i < n) fn(static_cast<int32_t>(i), v[u][j]);
+        }
       }
     }
   }

@@ -23,9 +23,11 @@
 // renormalization); a probability may differ by one float ulp.
 //
 // Cost per row: one pass over the logits for the rows that take one (takes_one_pass,
-// gumbel_row.h: greedy rows, and under DrawRule::kGumbelMax rows without a cut; sample_tokens
-// launches a lean kernel of its own for them, grouped 16-byte loads, before the general
-// kernel, which skips them: two launches per call); for other sampled rows about 5 passes,
+// gumbel_row.h: greedy rows, and under DrawRule::kGumbelMax rows without a cut; grouped
+// 16-byte loads). Under kInverseCdf a call is one launch: greedy rows run their one pass in
+// the general kernel. Under kGumbelMax sample_tokens launches a lean kernel of its own for
+// the one-pass rows before the general kernel, which skips them (two launches per call:
+// inlined in one kernel, the clustered kernel spilled). For other sampled rows about 5 passes,
 // plus 9 per top-k/top-p selection (radix selection, no sort) and 2 for min-p. Each pass
 // recomputes exp() instead of storing a [rows, vocab] double workspace.
 #pragma once
