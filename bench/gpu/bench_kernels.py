@@ -420,9 +420,17 @@ def bench_verification(s: Setup) -> list[dict]:
     if s.cuda:
         variants.append((logits16, f"equal to the CPU op on the bf16 rows' argmax={same_g16}", "bf16"))
     for rows_t, check, name in variants:
-        out.append(row(s, "verify_greedy", f"{shape} {name} logits",
-                       s.measure(lambda: ops.verify_greedy(offsets, parents, tokens, rows_t, width)),
+        one_block = s.measure(lambda: ops.verify_greedy(offsets, parents, tokens, rows_t, width))
+        out.append(row(s, "verify_greedy", f"{shape} {name} logits", one_block,
                        "argmax + host verify (fp32)", host_path, check,
+                       rows_read * esize(rows_t.dtype), f"one read of the {nodes} logits rows"))
+        # A cluster of 8 blocks per request (sm_90+): one block per request leaves all but n SMs idle.
+        same_c = all(torch.equal(a, b) for a, b in zip(
+            ops.verify_greedy(offsets, parents, tokens, rows_t, width, cluster=True),
+            ops.verify_greedy(offsets, parents, tokens, rows_t, width)))
+        out.append(row(s, "verify_greedy cluster", f"{shape} {name} logits",
+                       s.measure(lambda: ops.verify_greedy(offsets, parents, tokens, rows_t, width, cluster=True)),
+                       "one block per request", one_block, f"outputs equal={same_c}",
                        rows_read * esize(rows_t.dtype), f"one read of the {nodes} logits rows"))
     out.append(row(s, "verify_greedy_tokens", f"{shape}, token ids",
                    s.measure(lambda: ops.verify_greedy_tokens(offsets, parents, tokens, target_tokens, width)),

@@ -31,6 +31,26 @@ __global__ void __launch_bounds__(kGreedyThreads)
   });
 }
 
+// A cluster of kRowSplitClusterBlocks blocks of kThreads per request (sm_90+; the body is
+// empty in code for older GPUs, which detail::cluster_ready() never launches): each row's
+// argmax is spread over 8 SMs.
+template <class Row>
+__global__ void __launch_bounds__(kThreads)
+    verify_greedy_cluster_kernel(TreeBatchView trees, LogitRows target, VerifyOutputs out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ ClusterBlk::Shared shared;
+  ClusterBlk b(&shared);
+  const auto r = static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks;
+  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+      const Row row = Row::at(target.data, int64_t{n.begin + node} * target.stride);
+      return specd::detail::row_argmax(b, row, target.vocab, token);
+    });
+  });
+  b.finish();
+#endif
+}
+
 __global__ void verify_greedy_tokens_kernel(TreeBatchView trees, const int32_t* target_tokens, VerifyOutputs out) {
   const int64_t r = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (r >= trees.batch) return;
@@ -82,13 +102,13 @@ __global__ void __launch_bounds__(kThreads, kStochasticClusterMinBlocks)
 }  // namespace
 
 cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, RowSplit split) {
   if (!validate_verify_greedy(trees, target, out).ok()) return cudaErrorInvalidValue;
   if (trees.batch == 0) return cudaSuccess;
   return specd::detail::dispatch_logits_dtype(target.dtype, [&](auto row) {
-    verify_greedy_kernel<decltype(row)><<<static_cast<unsigned>(trees.batch), kGreedyThreads, 0, stream>>>(trees, target,
-                                                                                                       out);
-    return cudaGetLastError();
+    using Row = decltype(row);
+    return detail::launch_rows(split, verify_greedy_kernel<Row>, kGreedyThreads, verify_greedy_cluster_kernel<Row>,
+                               kThreads, trees.batch, stream, trees, target, out);
   });
 }
 

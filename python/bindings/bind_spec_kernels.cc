@@ -300,16 +300,17 @@ void bind_spec_kernels(py::module_& m) {
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,
          uintptr_t target, const std::string& dtype, int32_t rows, int32_t vocab, int64_t stride,
          uintptr_t out_tokens, uintptr_t out_path, uintptr_t num_accepted, uintptr_t status, int32_t out_stride,
-         uintptr_t stream) {
+         uintptr_t stream, bool cluster) {
         const TreeBatchView t = trees(offsets, parents, tokens, batch, num_nodes);
         const LogitRows l = logit_rows(target, dtype, rows, vocab, stride);
         const VerifyOutputs o = outputs(out_tokens, out_path, num_accepted, status, out_stride);
         check(validate_verify_greedy(t, l, o));
-        check_launch(cuda::verify_greedy_batch(t, l, o, as_stream(stream)), "verify_greedy_batch");
+        check_launch(cuda::verify_greedy_batch(t, l, o, as_stream(stream), row_split(cluster)), "verify_greedy_batch");
       },
       SPECD_TREE_ARGS, py::arg("target_ptr"), py::arg("dtype"), py::arg("rows"), py::arg("vocab"),
-      py::arg("stride"), SPECD_OUT_ARGS, py::arg("stream"),
-      "Launch the CUDA greedy verification kernel on device pointers (no host sync).");
+      py::arg("stride"), SPECD_OUT_ARGS, py::arg("stream"), py::arg("cluster") = false,
+      "Launch the CUDA greedy verification kernel on device pointers (no host sync); cluster: a "
+      "thread-block cluster per request (specd/cuda/row_split.h, RowSplit).");
   m.def(
       "verify_greedy_tokens_batch_cuda",
       [](uintptr_t offsets, uintptr_t parents, uintptr_t tokens, int32_t batch, int32_t num_nodes,

@@ -3,15 +3,17 @@
 // references, on random batches of chains and trees with mixed k (0 included), with and
 // without draft rows, both draft sampling modes, plus requests with bad inputs; and a
 // statistical check that GPU stochastic verification is lossless (the first emitted token
-// follows the target distribution, chi-square). Stochastic verification runs with one block and
-// with a thread-block cluster per request (RowSplit), from probability rows and from the
-// target's logits (verify_stochastic_logits_batch). Skips, saying why, without a CUDA device.
+// follows the target distribution, chi-square). Stochastic verification and greedy verification
+// from rows run with one block and with a thread-block cluster per request (RowSplit);
+// stochastic verification from probability rows and from the target's logits
+// (verify_stochastic_logits_batch). Skips, saying why, without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,7 +47,7 @@ void download_outputs(cudaStream_t stream, const DeviceBuffer<int32_t>& tokens, 
   out->status = status.to_host();
 }
 
-// Uploads the run's inputs, runs the kernel of `kind` (stochastic kinds with `split`), downloads `out`.
+// Uploads the run's inputs, runs the kernel of `kind` (the kinds from rows with `split`), downloads `out`.
 void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_path = true,
              cuda::RowSplit split = cuda::RowSplit::kOneBlock, const HostRowOptions& host_options = {}) {
   const IndexedDraft* indexed = host_options.indexed;
@@ -73,7 +75,7 @@ void run_gpu(const VerifyCase& c, VerifyKind kind, BatchOutputs* out, bool with_
   switch (kind) {
     case VerifyKind::kGreedyRows:
       SPECD_CUDA_OK(cuda::verify_greedy_batch(
-          trees, LogitRows{logits.get(), LogitsDtype::kFloat32, c.num_nodes(), c.vocab, c.stride}, o, stream));
+          trees, LogitRows{logits.get(), LogitsDtype::kFloat32, c.num_nodes(), c.vocab, c.stride}, o, stream, split));
       break;
     case VerifyKind::kGreedyTokens:
       SPECD_CUDA_OK(cuda::verify_greedy_tokens_batch(trees, target_tokens.get(), o, stream));
@@ -93,9 +95,9 @@ class VerifyCuda : public ::testing::TestWithParam<KindCase> {};
 
 bool stochastic(VerifyKind kind) { return kind == VerifyKind::kStochastic || kind == VerifyKind::kStochasticNoDraft; }
 
-// The splits a kind runs with: stochastic verification also with a cluster per request.
+// The splits a kind runs with: verification from rows also with a cluster per request.
 std::vector<cuda::RowSplit> splits_of(VerifyKind kind) {
-  if (stochastic(kind)) return {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster};
+  if (kind != VerifyKind::kGreedyTokens) return {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster};
   return {cuda::RowSplit::kOneBlock};
 }
 
@@ -132,6 +134,52 @@ INSTANTIATE_TEST_SUITE_P(
                       KindCase{"draft_independent", Proposal::kDraftIndependent, VerifyKind::kStochastic},
                       KindCase{"one_hot", Proposal::kOneHot, VerifyKind::kStochasticNoDraft}),
     [](const ::testing::TestParamInfo<KindCase>& info) { return std::string(info.param.name); });
+
+// Greedy verification from 16-bit logits (their grouped pass keeps raw words, more groups in
+// flight than float32 rows): the CPU batch version's outputs on the same words, with one block
+// and with a cluster per request, for fp16 and bf16 rows (the greedy case's logits truncated
+// to 16 bits: many ties, which the lowest id breaks).
+TEST(VerifyCudaGreedy, SixteenBitLogitsMatchCpu) {
+  SPECD_SKIP_WITHOUT_GPU();
+  for (int32_t vocab : {7, 33, 1000, 151936}) {
+    const BatchRun run = make_run(900 + static_cast<uint64_t>(vocab), vocab > 1000 ? 12 : 60, vocab,
+                                  Proposal::kGreedy, VerifyKind::kGreedyRows);
+    const VerifyCase& c = run.c;
+    for (LogitsDtype dtype : {LogitsDtype::kFloat16, LogitsDtype::kBFloat16}) {
+      std::vector<uint16_t> words(c.logits.size());
+      for (std::size_t i = 0; i < words.size(); ++i) {
+        uint32_t bits = 0;
+        std::memcpy(&bits, &c.logits[i], 4);
+        words[i] = dtype == LogitsDtype::kBFloat16 ? static_cast<uint16_t>(bits >> 16)
+                                                   : static_cast<uint16_t>(0x3C00 + (bits >> 20) % 0x400);
+      }
+      BatchOutputs cpu(c.batch(), c.num_nodes());
+      SPECD_ASSERT_OK(verify_greedy_batch_cpu(c.view(), LogitRows{words.data(), dtype, c.num_nodes(), c.vocab, c.stride},
+                                              cpu.view()));
+      for (cuda::RowSplit split : {cuda::RowSplit::kOneBlock, cuda::RowSplit::kCluster}) {
+        const std::string what = std::string(dtype == LogitsDtype::kBFloat16 ? "bf16" : "fp16") + ", vocab " +
+                                 std::to_string(vocab) + split_name(split);
+        DeviceBuffer<int32_t> offsets(c.offsets), parents(c.parents), tokens(c.tokens);
+        DeviceBuffer<uint16_t> logits(words);
+        BatchOutputs gpu(c.batch(), c.num_nodes());
+        DeviceBuffer<int32_t> o_tokens(gpu.tokens), o_path(gpu.path), o_accepted(gpu.num_accepted), o_status(gpu.status);
+        ASSERT_TRUE(offsets.get() && parents.get() && tokens.get() && logits.get() && o_tokens.get() && o_path.get() &&
+                    o_accepted.get() && o_status.get());
+        const TreeBatchView trees{offsets.get(), parents.get(), tokens.get(), c.batch(), c.num_nodes()};
+        const VerifyOutputs o{o_tokens.get(), o_path.get(), o_accepted.get(), o_status.get(), gpu.stride};
+        cudaStream_t stream = nullptr;
+        SPECD_CUDA_OK(cudaStreamCreate(&stream));
+        SPECD_CUDA_OK(cuda::verify_greedy_batch(trees, LogitRows{logits.get(), dtype, c.num_nodes(), c.vocab, c.stride},
+                                                o, stream, split));
+        download_outputs(stream, o_tokens, o_path, o_accepted, o_status, &gpu);
+        EXPECT_EQ(gpu.status, cpu.status) << what;
+        EXPECT_EQ(gpu.num_accepted, cpu.num_accepted) << what;
+        EXPECT_EQ(gpu.tokens, cpu.tokens) << what;
+        EXPECT_EQ(gpu.path, cpu.path) << what;
+      }
+    }
+  }
+}
 
 // Draft rows found through draft_index (shuffled among NaN rows, none for the leaves), and
 // with the rows' totals given: the CPU's results with the same options, which equal those

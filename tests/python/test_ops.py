@@ -769,6 +769,40 @@ def test_gpu_clustered_verify_stochastic_equals_cpu_op(cuda):
         assert _core.verify_clusters_available()
 
 
+@pytest.mark.parametrize("cluster", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_verify_greedy_equals_cpu_op(cuda, dtype, cluster):
+    """verify_greedy on the GPU, one 1024-thread block or (cluster=True, sm_90+) a cluster of 8
+    blocks per request, against the CPU op on trees over 151,936-token rows with many exact
+    ties (bfloat16 rows keep their raw words in flight), in both output layouts."""
+    rng = np.random.default_rng(35)
+    _, offsets, parents, tokens = random_trees(rng, 9, 151_936, max_nodes=6)
+    n = int(offsets[-1])
+    logits = torch.from_numpy(rng.integers(0, 40, (n, 151_936)).astype(np.float32) / 8).to(dtype)
+    logits[3, 151_935] = 9.0  # the top in the last load group
+    best = logits.float().argmax(-1)  # the lowest id among the maxima
+    tokens = tokens.clone()
+    for r in range(9):  # most drafts follow the target, so walks go deep
+        a, b = int(offsets[r]), int(offsets[r + 1])
+        for v in range(1, b - a):
+            if rng.random() < 0.8:
+                tokens[a + v] = best[a + int(parents[a + v])]
+    for out_stride in (0, 8):
+        want = ops.verify_greedy(offsets, parents, tokens, logits, out_stride)
+        got = ops.verify_greedy(*to(cuda, (offsets, parents, tokens, logits)), out_stride, cluster=cluster)
+        for w, g in zip(want, got):
+            assert torch.equal(g.cpu(), w), (dtype, cluster, out_stride)
+
+
+def test_verify_greedy_cluster_flag_keeps_the_cpu_reference():
+    rng = np.random.default_rng(36)
+    _, offsets, parents, tokens = random_trees(rng, 4, 50)
+    logits = torch.from_numpy(rng.standard_normal((int(offsets[-1]), 50)).astype(np.float32))
+    for p, c in zip(ops.verify_greedy(offsets, parents, tokens, logits),
+                    ops.verify_greedy(offsets, parents, tokens, logits, cluster=True)):
+        assert torch.equal(p, c)
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLING_OPS))
 def test_gpu_cluster_rows_equals_cpu_op(cuda, name):
     """cluster=True (a thread-block cluster per row on sm_90+) against the CPU op, on rows of

@@ -276,14 +276,16 @@ def _out_ptrs(out: VerifyResult, out_stride: int) -> tuple:
 
 @torch.library.custom_op("specd::verify_greedy", mutates_args=())
 def verify_greedy(node_offsets: torch.Tensor, parents: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor,
-                  out_stride: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                  out_stride: int = 0, cluster: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Greedy verification of a batch of token trees from the target's logits rows ``[rows >=
     num_nodes, vocab]`` (float32/float16/bfloat16). Returns (tokens, path, num_accepted, status),
-    int32; tokens/path in the node or padded layout (module docstring)."""
+    int32; tokens/path in the node or padded layout (module docstring). cluster: on an sm_90+
+    GPU, a thread-block cluster of 8 blocks per request instead of one 1024-thread block (the
+    same results; one block per request uses only ``batch`` SMs); elsewhere nothing changes."""
     no_kernel_for_device("verify_greedy", node_offsets, parents, tokens, target)
 
 
-def _verify_greedy(node_offsets, parents, tokens, target, out_stride=0):
+def _verify_greedy(node_offsets, parents, tokens, target, out_stride=0, cluster=False):
     op = "verify_greedy"
     device = common_device(op, node_offsets=node_offsets, parents=parents, tokens=tokens, target=target)
     offsets, parents, tokens, batch, nodes = _trees(op, node_offsets, parents, tokens)
@@ -292,12 +294,12 @@ def _verify_greedy(node_offsets, parents, tokens, target, out_stride=0):
     if batch:
         launch(device, _core.verify_greedy_batch_cpu, "verify_greedy_batch_cuda", offsets.data_ptr(),
                parents.data_ptr(), tokens.data_ptr(), batch, nodes, target.data_ptr(), dtype, target.shape[0],
-               target.shape[1], stride, *_out_ptrs(out, out_stride))
+               target.shape[1], stride, *_out_ptrs(out, out_stride), **_cluster_option(cluster))
     return out
 
 
 @verify_greedy.register_fake
-def _(node_offsets, parents, tokens, target, out_stride=0):
+def _(node_offsets, parents, tokens, target, out_stride=0, cluster=False):
     return _fake_outputs(node_offsets, parents, out_stride)
 
 

@@ -16,8 +16,10 @@
 // without launching for batch == 0, else the launch error. Input errors of one request are
 // reported in out.status[r] (VerifyStatus), never as a failed call.
 //
-// Launch shapes: greedy uses one block of 1024 threads per request, stochastic one block of
-// 256 threads per request or, with RowSplit::kCluster, a cluster of 8 such blocks (a row pass
+// Launch shapes: greedy uses one block of 1024 threads per request or, with RowSplit::kCluster,
+// a cluster of 8 blocks of 256 threads (a request's rows are read in turn, so one block per
+// request leaves every SM but `batch` idle: 8 of 132 on an H200 at batch 8); stochastic one
+// block of 256 threads per request or, with kCluster, a cluster of 8 such blocks (a row pass
 // is a strided loop with block or cluster reductions); greedy tokens uses one thread per
 // request.
 // Stochastic verification recomputes the residual distribution of a node from its rows and
@@ -38,8 +40,9 @@
 
 namespace specd::cuda {
 
+// split: as verify_stochastic_batch's (the argmax does not depend on it: the same results).
 cudaError_t verify_greedy_batch(const TreeBatchView& trees, const LogitRows& target, const VerifyOutputs& out,
-                                cudaStream_t stream);
+                                cudaStream_t stream, RowSplit split = RowSplit::kOneBlock);
 
 cudaError_t verify_greedy_tokens_batch(const TreeBatchView& trees, const int32_t* target_tokens,
                                        const VerifyOutputs& out, cudaStream_t stream);
