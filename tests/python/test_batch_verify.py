@@ -273,3 +273,37 @@ def test_requests_without_drafts_under_both_draws(device):
     assert got[2].error.startswith("request 2: verification failed (sampling status 2)")
     assert all(got[it.request.id].error is None for it in items if it.request.id != 2)
 
+
+
+def test_sampling_words_are_the_packing_ops_words():
+    """The per-request parameters and keys packed for a sampled verification (struct-packed on
+    the host) are the words of specd.ops.pack_sampling_params and pack_rng_keys: each request's
+    parameters repeated over its tree's rows, its key (seed, request, step 0, length), for
+    edge values (64-bit seeds, 40-bit request ids, positions past 32 bits, the largest top_k,
+    temperatures 0 and tiny)."""
+    from specd.engine.batch_verify import _sampling_words
+    from specd.ops import pack_rng_keys, pack_sampling_params
+
+    rng = np.random.default_rng(41)
+    reqs = [SimpleNamespace(params=SimpleNamespace(temperature=[0.0, 0.7, 1.3, 1e-9][i % 4],
+                                                   top_k=[0, 1, 50, 2**31 - 1][i % 4], top_p=float(rng.random()),
+                                                   min_p=float(rng.random()) / 3),
+                            rng_seed=int(rng.integers(0, 2**63)) * 2 + i % 2, rng_request=int(rng.integers(0, 2**40)),
+                            length=int(rng.integers(0, 2**33)))
+            for i in range(7)]
+    for sizes in (np.ones(7, dtype=np.int64), rng.integers(1, 9, 7)):
+        params, keys = _sampling_words(reqs, sizes, torch.device("cpu"))
+
+        def per_row(values, dtype):
+            return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), sizes))
+
+        p = [r.params for r in reqs]
+        want_params = pack_sampling_params(per_row([x.temperature for x in p], np.float64),
+                                           per_row([x.top_k for x in p], np.int64),
+                                           per_row([x.top_p for x in p], np.float64),
+                                           per_row([x.min_p for x in p], np.float64))
+        want_keys = pack_rng_keys(torch.from_numpy(np.array([r.rng_seed for r in reqs], dtype=np.uint64).view(np.int64)),
+                                  torch.tensor([r.rng_request for r in reqs]), torch.tensor(0),
+                                  torch.tensor([r.length for r in reqs]))
+        assert torch.equal(params, want_params)
+        assert torch.equal(keys, want_keys)
