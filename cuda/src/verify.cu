@@ -15,6 +15,18 @@ using specd::detail::RequestNodes;
 
 // Kernel arguments are passed by value: their pointers are device pointers.
 
+// Greedy verification of request r from its nodes' logits rows by the block (or cluster) b.
+template <class Row, class B>
+__device__ void greedy_request(B& b, int32_t r, const TreeBatchView& trees, const LogitRows& target,
+                               const VerifyOutputs& out) {
+  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
+    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
+      const Row row = Row::at(target.data, int64_t{n.begin + node} * target.stride);
+      return specd::detail::row_argmax(b, row, target.vocab, token);
+    });
+  });
+}
+
 // The walk reads one row per visited node, so a request's time is its rows' latency: a whole
 // 1024-thread block per request with many loads in flight (row_argmax) keeps it short.
 template <class Row>
@@ -22,13 +34,7 @@ __global__ void __launch_bounds__(kGreedyThreads)
     verify_greedy_kernel(TreeBatchView trees, LogitRows target, VerifyOutputs out) {
   __shared__ GreedyBlock::Shared shared;
   GreedyBlock b(&shared);
-  const auto r = static_cast<int32_t>(blockIdx.x);
-  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
-      const Row row = Row::at(target.data, int64_t{n.begin + node} * target.stride);
-      return specd::detail::row_argmax(b, row, target.vocab, token);
-    });
-  });
+  greedy_request<Row>(b, static_cast<int32_t>(blockIdx.x), trees, target, out);
 }
 
 // A cluster of kRowSplitClusterBlocks blocks of kThreads per request (sm_90+; the body is
@@ -40,13 +46,7 @@ __global__ void __launch_bounds__(kThreads)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ ClusterBlk::Shared shared;
   ClusterBlk b(&shared);
-  const auto r = static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks;
-  specd::detail::verify_request(b, trees, r, target.vocab, out, [&](const RequestNodes& n, Emitter& e) {
-    return specd::detail::greedy_walk(b, n, e, [&](int32_t node, int32_t* token) {
-      const Row row = Row::at(target.data, int64_t{n.begin + node} * target.stride);
-      return specd::detail::row_argmax(b, row, target.vocab, token);
-    });
-  });
+  greedy_request<Row>(b, static_cast<int32_t>(blockIdx.x) / kRowSplitClusterBlocks, trees, target, out);
   b.finish();
 #endif
 }
