@@ -47,7 +47,6 @@ length)): tests/python/test_ops.py checks the batched ops against those referenc
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
@@ -55,13 +54,16 @@ import numpy as np
 import torch
 
 from specd import _core
-from specd.engine.draft_sampling import signed64
+from specd.engine.draft_sampling import pack_words, signed64
 from specd.engine.scheduler import WorkItem
 from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.ops import host_call, sample_tokens, sampling_probs, verify_stochastic, verify_stochastic_logits
 from specd.uploads import to_device
 from specd.verification import TokenTree, VerifyOutput
+
+_WORD = 0xFFFFFFFF
+
 
 @dataclass
 class VerifyInputs:
@@ -188,34 +190,13 @@ def _greedy_rows_in_place(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]
     return argmax, np.isfinite(rows[np.arange(len(rows)), argmax])
 
 
-# One packed specd::SamplingParams row (temperature, top_k in the low half of word 1, top_p,
-# min_p: pack_sampling_params' layout) and one RngKey (seed, request | step 0 << 32, position:
-# pack_rng_keys'), little-endian int64 words.
-_PARAM_ROW = struct.Struct("<dqdd")
-_KEY_ROW = struct.Struct("<qqq")
-_WORD = 0xFFFFFFFF
-
-
 def _sampling_words(reqs: list, sizes: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The requests' packed SamplingParams (each request's repeated over its ``sizes`` rows;
     sizes of 1: one per request) and RngKeys (key (seed, request, step 0, position = the
-    request's length)), on ``device`` in one host-to-device copy: the words of
-    pack_sampling_params and pack_rng_keys, packed with one struct call per request instead
-    of a dozen small torch ops (the host work of every sampled verification)."""
-    counts = sizes.tolist()
-    rows = sum(counts)
-    buf = bytearray(_PARAM_ROW.size * rows + _KEY_ROW.size * len(reqs))
-    at = 0
-    for r, count in zip(reqs, counts):
-        p = r.params
-        row = _PARAM_ROW.pack(float(p.temperature), int(p.top_k) & _WORD, float(p.top_p), float(p.min_p))
-        buf[at:at + len(row) * count] = row * count
-        at += len(row) * count
-    for r in reqs:
-        _KEY_ROW.pack_into(buf, at, signed64(r.rng_seed), int(r.rng_request) & _WORD, int(r.length) & _WORD)
-        at += _KEY_ROW.size
-    words = to_device(torch.frombuffer(buf, dtype=torch.int64), device)
-    return words[:4 * rows].view(rows, 4), words[4 * rows:].view(len(reqs), 3)
+    request's length)), on ``device`` in one host-to-device copy (draft_sampling.pack_words)."""
+    params = [(r.params.temperature, r.params.top_k, r.params.top_p, r.params.min_p) for r in reqs]
+    keys = [(signed64(r.rng_seed), int(r.rng_request) & _WORD, int(r.length) & _WORD) for r in reqs]
+    return pack_words(params, keys, device, sizes.tolist())
 
 
 def _sample_roots(group: list[tuple[WorkItem, tuple[int, int]]], logits: torch.Tensor, cluster: bool,

@@ -15,6 +15,7 @@ valid input id for the draft forwards that follow in the same call.
 
 from __future__ import annotations
 
+import struct
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -43,23 +44,47 @@ def key_words(rng_seed: int, rng_request: int) -> tuple[int, int]:
     return signed64(rng_seed), (rng_request & _WORD) | (DRAFT_STREAM << 32)
 
 
+# One packed specd::SamplingParams row (temperature, top_k in the low half of word 1, top_p,
+# min_p: specd.ops.pack_sampling_params' layout) and one RngKey (seed, request | step << 32,
+# position: pack_rng_keys'), little-endian int64 words.
+_PARAM_ROW = struct.Struct("<dqdd")
+_KEY_ROW = struct.Struct("<qqq")
+
+
+def pack_words(param_rows: Sequence[tuple], key_rows: Sequence[tuple], device: torch.device,
+               repeats: Optional[Sequence[int]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed params int64 ``[m, 4]`` and keys int64 ``[n, 3]`` on ``device``, in one
+    host-to-device copy: ``param_rows`` are (temperature, top_k, top_p, min_p), row i repeated
+    ``repeats[i]`` times (default once); ``key_rows`` are (seed, request | step << 32, position)
+    as int64 words. One struct call per row instead of a dozen small torch ops."""
+    counts = [1] * len(param_rows) if repeats is None else list(repeats)
+    m = sum(counts)
+    buf = bytearray(_PARAM_ROW.size * m + _KEY_ROW.size * len(key_rows))
+    at = 0
+    for (temperature, top_k, top_p, min_p), count in zip(param_rows, counts):
+        row = _PARAM_ROW.pack(float(temperature), int(top_k) & _WORD, float(top_p), float(min_p))
+        buf[at:at + len(row) * count] = row * count
+        at += len(row) * count
+    for key in key_rows:
+        _KEY_ROW.pack_into(buf, at, *key)
+        at += _KEY_ROW.size
+    words = to_device(torch.frombuffer(buf, dtype=torch.int64), device)
+    return words[:4 * m].view(m, 4), words[4 * m:].view(len(key_rows), 3)
+
+
 def pack_params(params: Sequence[SamplingParams], device: torch.device,
                 words: Callable[[SamplingParams], tuple] = param_words) -> torch.Tensor:
     """Packed params int64 ``[m, 4]`` of m rows (``specd.ops.pack_sampling_params``'s layout), on
     ``device``; ``words``: a row's (temperature, top_k, top_p, min_p) (default param_words)."""
-    rows = [words(p) for p in params]
-    floats = torch.tensor([[w[0], w[2], w[3]] for w in rows], dtype=torch.float64)
-    top_k = torch.tensor([int(w[1]) for w in rows], dtype=torch.int64)
-    return to_device(torch.stack([floats[:, 0].view(torch.int64), top_k, floats[:, 1].view(torch.int64),
-                                  floats[:, 2].view(torch.int64)], dim=1), device)
+    return pack_words([words(p) for p in params], (), device)[0]
 
 
 def pack_draft_rows(params: Sequence[SamplingParams], seeds: Sequence[int], requests: Sequence[int],
                     positions: Sequence[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed params int64 ``[m, 4]`` and keys int64 ``[m, 3]`` of m draft rows, on ``device``."""
-    keys = torch.tensor([[*key_words(s, r), pos & _WORD] for s, r, pos in zip(seeds, requests, positions)],
-                        dtype=torch.int64)
-    return pack_params(params, device), to_device(keys, device)
+    """Packed params int64 ``[m, 4]`` and keys int64 ``[m, 3]`` of m draft rows, on ``device``
+    (one copy)."""
+    return pack_words([param_words(p) for p in params],
+                      [(*key_words(s, r), pos & _WORD) for s, r, pos in zip(seeds, requests, positions)], device)
 
 
 def sample_draft_rows(logits: torch.Tensor, params: torch.Tensor, keys: torch.Tensor,
