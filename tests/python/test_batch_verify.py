@@ -307,3 +307,12 @@ def test_sampling_words_are_the_packing_ops_words():
                                   torch.tensor([r.length for r in reqs]))
         assert torch.equal(params, want_params)
         assert torch.equal(keys, want_keys)
+
+
+def test_packed_words_of_no_rows_are_empty():
+    from specd.engine.draft_sampling import pack_words
+
+    params, keys = pack_words([], [], torch.device("cpu"))
+    assert params.shape == (0, 4) and keys.shape == (0, 3) and params.dtype == keys.dtype == torch.int64
+    params, keys = pack_words([(0.7, 5, 0.9, 0.0)], [], torch.device("cpu"), [0])
+    assert params.shape == (0, 4) and keys.shape == (0, 3)

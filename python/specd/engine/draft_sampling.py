@@ -68,7 +68,8 @@ def pack_words(param_rows: Sequence[tuple], key_rows: Sequence[tuple], device: t
     for key in key_rows:
         _KEY_ROW.pack_into(buf, at, *key)
         at += _KEY_ROW.size
-    words = to_device(torch.frombuffer(buf, dtype=torch.int64), device)
+    host = torch.frombuffer(buf, dtype=torch.int64) if buf else torch.empty(0, dtype=torch.int64)
+    words = to_device(host, device)
     return words[:4 * m].view(m, 4), words[4 * m:].view(len(key_rows), 3)
 
 
