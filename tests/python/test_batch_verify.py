@@ -316,3 +316,37 @@ def test_packed_words_of_no_rows_are_empty():
     assert params.shape == (0, 4) and keys.shape == (0, 3) and params.dtype == keys.dtype == torch.int64
     params, keys = pack_words([(0.7, 5, 0.9, 0.0)], [], torch.device("cpu"), [0])
     assert params.shape == (0, 4) and keys.shape == (0, 3)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_queued_greedy_rows_follow_argmax(device, dtype):
+    """The greedy rows' queued argmax and finiteness (one torch.max) equal torch.argmax's
+    rules and the finiteness of the chosen logit: the lowest id among exact ties, a NaN's id
+    (the first NaN) where a row holds one, +inf chosen and not finite, all -inf not finite."""
+    from specd.engine.batch_verify import _greedy_rows_in_place, _queue_greedy_rows
+
+    dev = torch.device(_device_or_skip(device))
+    g = torch.Generator().manual_seed(3)
+    for _ in range(40):
+        rows, vocab = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 400, (1,), generator=g))
+        x = torch.randint(0, 4, (rows, vocab), generator=g).to(torch.float32)  # many exact ties
+        for r in range(rows):
+            kind, at = int(torch.randint(0, 6, (1,), generator=g)), int(torch.randint(0, vocab, (1,), generator=g))
+            if kind == 0:
+                x[r, at] = float("nan")
+            elif kind == 1:
+                x[r, at] = float("inf")
+            elif kind == 2:
+                x[r] = float("-inf")
+            elif kind == 3:
+                x[r, at], x[r, (at + 1) % vocab] = float("nan"), float("nan")
+        x = x.to(dtype).to(dev)
+        got = _queue_greedy_rows(x)
+        if got is None:  # CPU float32 rows: read in place by numpy instead
+            assert dev.type == "cpu" and dtype == torch.float32
+            argmax, finite = _greedy_rows_in_place(x)
+            got = torch.cat([torch.from_numpy(argmax).long(), torch.from_numpy(finite).long()])
+        want = torch.argmax(x.cpu().float(), dim=-1)
+        finite = torch.isfinite(x.cpu().float()[torch.arange(rows), want]).long()
+        assert torch.equal(got.cpu(), torch.cat([want, finite])), x

@@ -178,9 +178,15 @@ def _queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
     (``_greedy_rows_in_place``)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return None
-    argmax = row_argmax(logits)
-    finite = torch.isfinite(logits.gather(-1, argmax[:, None])[:, 0])
-    return torch.cat([argmax, finite.to(argmax.dtype)])
+    # torch.max's indices follow torch.argmax's rules (the lowest id among ties, a NaN's id: one
+    # comparator for both), and its values are the rows' largest: three kernels (max, isfinite,
+    # the copy into the output) where argmax, gather, isfinite, a cast and a cat made five.
+    rows = logits.shape[0]
+    out = torch.empty(2 * rows, dtype=torch.int64, device=logits.device)
+    values = torch.empty(rows, dtype=logits.dtype, device=logits.device)
+    torch.max(logits, dim=-1, out=(values, out[:rows]))
+    out[rows:].copy_(torch.isfinite(values))
+    return out
 
 
 def _greedy_rows_in_place(logits: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
