@@ -184,7 +184,7 @@ def _queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
     rows = logits.shape[0]
     out = torch.empty(2 * rows, dtype=torch.int64, device=logits.device)
     values = torch.empty(rows, dtype=logits.dtype, device=logits.device)
-    torch.max(logits, dim=-1, out=(values, out[:rows]))
+    torch.max(logits.detach(), dim=-1, out=(values, out[:rows]))  # (out= takes no autograd input)
     out[rows:].copy_(torch.isfinite(values))
     return out
 
