@@ -228,7 +228,7 @@ class VaryingK(StaticPolicy):
 
 def test_device_drafts_with_mixed_k_and_sampling(pair, monkeypatch):
     """Device-resident drafts (both runners) in steps that mix requests without drafts and
-    chains of several lengths (draft_column's zero column, rows past a short chain): greedy
+    chains of several lengths (draftless requests' dummy rows fed column 0, rows past a short chain): greedy
     outputs equal plain decoding, and seeded sampled outputs equal those of drafts read
     through the host."""
     target, draft, prompts, baseline = pair

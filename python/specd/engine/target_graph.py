@@ -57,8 +57,8 @@ from specd.models.llama import LlamaModel
 from specd.verification import TokenTree
 
 # Fields of the packed int64 input, in order (sizes in _Buffers). draft_column: for device-
-# resident drafts (run(..., drafts=)), each request's column of the drafts, or the extra zero
-# column when it has none.
+# resident drafts (run(..., drafts=)), each request's column of the drafts, or column 0 when it
+# has none (its rows 1..k are dummy rows: any token in the vocabulary will do).
 _FIELDS = ("input_ids", "positions", "slot_mapping", "logits_index", "tree_mask", "kv_lens", "block_table",
            "draft_column")
 
@@ -222,7 +222,7 @@ class TargetGraphRunner:
         f, q = buf.fields, buf.q
         if drafts is not None:
             column = {it.request.id: c for c, it in enumerate(drafts.items)}
-            none = len(drafts.items)  # _put_drafts' zero column
+            none = 0  # requests without drafts: their rows 1..k are dummies (_put_drafts)
             f["draft_column"].fill(none)
             f["draft_column"][:len(items)] = [column.get(it.request.id, none) for it in items]
         f["input_ids"].fill(0)
@@ -258,16 +258,19 @@ class TargetGraphRunner:
 
     def _put_drafts(self, buf: _Buffers, tokens: torch.Tensor) -> None:
         """Device-resident drafts (int64 ``[k, n]``, column c: the c-th drafting item's chain)
-        into the uploaded input ids: request r's rows 1..k get column ``draft_column[r]`` (a
-        column of zeros for requests without drafts). Rows past a request's tree are dummy
-        rows (no slot, seen by no real row), so what lands there does not matter; tokens are
-        clamped into the vocabulary so that no row indexes the embedding out of range (a real
-        draft out of range, from a failed draft row, is rejected by verification on the host)."""
+        into the uploaded input ids: request r's rows 1..k get column ``draft_column[r]`` (column
+        0 for requests without drafts). Rows past a request's tree are dummy rows (no slot,
+        seen by no real row), so what lands there does not matter; tokens are clamped into the
+        vocabulary so that no row indexes the embedding out of range (a real draft out of
+        range, from a failed draft row, is rejected by verification on the host). Three
+        device ops (a padded zero column for draftless requests made it four)."""
         k = tokens.shape[0]
         if 1 + k > buf.q:
             raise InvalidArgumentError(f"{k} device drafts per request do not fit verify rows of {buf.q} nodes")
+        if tokens.shape[1] == 0:  # no drafting request: every request's rows past its root are dummies
+            return
         d = buf.device
-        picked = torch.nn.functional.pad(tokens, (0, 1)).index_select(1, d["draft_column"])  # [k, B]
+        picked = tokens.index_select(1, d["draft_column"])  # [k, B]
         picked.clamp_(0, self.model.config.vocab_size - 1)
         d["input_ids"].view(buf.batch, buf.q)[:, 1:1 + k].copy_(picked.T)
 
