@@ -56,7 +56,6 @@ import torch
 from specd import _core
 from specd.engine.draft_sampling import pack_words, signed64
 from specd.engine.scheduler import WorkItem
-from specd.engine.torch_sampling import row_argmax
 from specd.errors import InvalidArgumentError
 from specd.ops import host_call, sample_tokens, sampling_probs, verify_stochastic, verify_stochastic_logits
 from specd.uploads import to_device
@@ -173,9 +172,9 @@ def _read(queued: list[_Queued], drafts=None) -> list[np.ndarray]:
 
 def _queue_greedy_rows(logits: torch.Tensor) -> Optional[torch.Tensor]:
     """Every row's argmax and whether its value is finite, queued on the logits' device: int64
-    ``[2 rows]`` (argmaxes, then 0/1). A NaN counts as the largest value (row_argmax), so a
-    row holding one is not finite either. None for CPU float32 rows: numpy reads them in place
-    (``_greedy_rows_in_place``)."""
+    ``[2 rows]`` (argmaxes, then 0/1). A NaN counts as the largest value (torch.argmax's
+    rule), so a row holding one is not finite either. None for CPU float32 rows: numpy reads
+    them in place (``_greedy_rows_in_place``)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return None
     # torch.max's indices follow torch.argmax's rules (the lowest id among ties, a NaN's id: one

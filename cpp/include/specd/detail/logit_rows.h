@@ -17,12 +17,9 @@ namespace specd::detail {
 // Row readers: logit i of one row as float, for each LogitsDtype. at(data, offset) is the
 // row starting `offset` elements into `data`. load8(i0, v): logits i0 .. i0 + 7 (all within
 // the row), on the device with 16-byte loads where data + i0 is 16-byte aligned (the
-// Gumbel-max draw's groups, gumbel_row.h). group8(i0): the same eight as loaded, before
-// decoding (16-bit rows: the raw words, half the registers of eight floats), and
+// Gumbel-max draw's groups, gumbel_row.h). 16-bit rows also have group8(i0): the same eight
+// as loaded, before decoding (the raw words, half the registers of eight floats), and
 // decode(group, j) logit i0 + j of it: for_each_group keeps several groups in flight so.
-struct FloatGroup {
-  float v[8];
-};
 struct WordGroup {
   uint32_t w[4];  // words 2j and 2j + 1 in the low and high halves of w[j]
 };
@@ -43,12 +40,6 @@ struct Float32Row {
 #endif
     for (int32_t j = 0; j < 8; ++j) v[j] = data[i0 + j];
   }
-  SPECD_HOST_DEVICE FloatGroup group8(int32_t i0) const {
-    FloatGroup g;
-    load8(i0, g.v);
-    return g;
-  }
-  SPECD_HOST_DEVICE static float decode(const FloatGroup& g, int32_t j) { return g.v[j]; }
 };
 // Eight 16-bit words from `words` decoded to floats (one 16-byte load on the device where
 // `words` is 16-byte aligned).
@@ -134,64 +125,55 @@ struct HasGroup8 : std::false_type {};
 template <class Load>
 struct HasGroup8<Load, decltype(void(std::declval<const Load&>().group8(0)))> : std::true_type {};
 
-// Bytes of logits each thread of for_each_group has in flight, as loaded: 4 groups of 16-bit
-// logits (one 16-byte load each), 2 of float32 (two loads each); readers without group8, 2
-// groups. A greedy pass over a row is a chain of round trips to memory, one per round of
-// groups, with little arithmetic between them: with 2 groups in flight for every dtype the
-// GPU's greedy verification took about the same time per row for bf16 and float32 rows
-// (241.6 and 217.5 µs for 64 x 9 rows of 151,936 on an H200), the mark of latency, not
-// bandwidth; the 16-bit rows now have as many loads in flight as the float32 rows. The
-// groups stay undecoded until used (group8). 128 bytes (8 and 4 groups) made ptxas (sm_90)
-// spill in the bf16 greedy verification and the one-pass kernels take 72-76 registers
-// (fewer blocks per SM); 64 keeps every kernel's spills and blocks per SM.
-inline constexpr int32_t kGroupBytesInFlight = 64;
-template <class Load>
-SPECD_HOST_DEVICE constexpr int32_t groups_in_flight() {
-  if constexpr (HasGroup8<Load>::value) {
-    constexpr auto bytes = static_cast<int32_t>(sizeof(decltype(std::declval<const Load&>().group8(0))));
-    return kGroupBytesInFlight / bytes > 0 ? kGroupBytesInFlight / bytes : 1;
-  } else {
-    return 2;
-  }
-}
+// Groups of 8 logits each thread of for_each_group has in flight: 4 for 16-bit rows (one
+// 16-byte load each, kept as raw words until used: group8), 2 for float32 rows (two loads
+// each, as floats). A greedy pass over a row is a chain of round trips to memory, one per
+// round of groups, with little arithmetic between them: with 2 groups in flight for every
+// dtype the GPU's greedy verification took about the same time per row for bf16 and float32
+// rows (241.6 and 217.5 µs for 64 x 9 rows of 151,936 on an H200), the mark of latency, not
+// bandwidth; now both have 64 bytes per thread in flight. 8 and 4 groups made ptxas (sm_90)
+// spill in the bf16 greedy verification and the one-pass kernels take 72-76 registers (fewer
+// blocks per SM); float32 groups held as raw groups also took 76 there (64 as floats). These
+// counts keep every kernel's spills and registers as before.
+inline constexpr int32_t kWordGroupsInFlight = 4;
+inline constexpr int32_t kFloatGroupsInFlight = 2;
 
 // Calls fn(i, logit i) for every i < n of this thread's groups (group g holds ids 8g ..
-// 8g + 7; thread rank takes groups rank, rank + size, ...), groups_in_flight<Load>() groups'
-// loads issued before their first use. The ORDER differs from for_each_strided's (a thread
+// 8g + 7; thread rank takes groups rank, rank + size, ...), the groups' loads of a round
+// (above) issued before their first use. The ORDER differs from for_each_strided's (a thread
 // visits 8 consecutive ids, then jumps): only for passes whose result does not depend on the
 // order (any, max, argmax with its id tie-break), never for sums. With one thread: id order.
 template <class Block, class Load, class Fn>
 SPECD_HOST_DEVICE void for_each_group(const Block& b, int32_t n, const Load& load, const Fn& fn) {
-  constexpr int32_t kInFlight = groups_in_flight<Load>();
   const int64_t step = b.size();
   if constexpr (HasGroup8<Load>::value) {
     using Group = decltype(load.group8(0));
     const int64_t whole = int64_t{n} / kLoadGroup;  // groups of 8 ids within the row
-    for (int64_t g0 = b.rank(); g0 < whole; g0 += kInFlight * step) {
-      Group raw[kInFlight];
-      for (int32_t u = 0; u < kInFlight; ++u) {
+    for (int64_t g0 = b.rank(); g0 < whole; g0 += kWordGroupsInFlight * step) {
+      Group raw[kWordGroupsInFlight];
+      for (int32_t u = 0; u < kWordGroupsInFlight; ++u) {
         const int64_t g = g0 + u * step;
         if (g < whole) raw[u] = load.group8(static_cast<int32_t>(g * kLoadGroup));
       }
-      for (int32_t u = 0; u < kInFlight; ++u) {
+      for (int32_t u = 0; u < kWordGroupsInFlight; ++u) {
         const int64_t g = g0 + u * step;
         if (g >= whole) break;
         for (int32_t j = 0; j < kLoadGroup; ++j) fn(static_cast<int32_t>(g * kLoadGroup + j), Load::decode(raw[u], j));
       }
     }
-    // The last, partial group (n not a multiple of 8): its thread's turn comes after its whole
-    // groups, as above.
+    // The last, partial group (n not a multiple of 8): its thread's turn comes after its
+    // whole groups, as above.
     if (whole * kLoadGroup < n && b.rank() == whole % step)
       for (int64_t i = whole * kLoadGroup; i < n; ++i) fn(static_cast<int32_t>(i), load(static_cast<int32_t>(i)));
   } else {
     const int64_t groups = (int64_t{n} + kLoadGroup - 1) / kLoadGroup;
-    for (int64_t g0 = b.rank(); g0 < groups; g0 += kInFlight * step) {
-      float v[kInFlight][kLoadGroup];
-      for (int32_t u = 0; u < kInFlight; ++u) {
+    for (int64_t g0 = b.rank(); g0 < groups; g0 += kFloatGroupsInFlight * step) {
+      float v[kFloatGroupsInFlight][kLoadGroup];
+      for (int32_t u = 0; u < kFloatGroupsInFlight; ++u) {
         const int64_t g = g0 + u * step;
         if (g < groups) load_group(load, static_cast<int32_t>(g * kLoadGroup), n, v[u]);
       }
-      for (int32_t u = 0; u < kInFlight; ++u) {
+      for (int32_t u = 0; u < kFloatGroupsInFlight; ++u) {
         const int64_t g = g0 + u * step;
         if (g >= groups) break;
         for (int32_t j = 0; j < kLoadGroup; ++j) {
